@@ -1,0 +1,64 @@
+# hkt_nb: the two commands a new user needs are `make book` and `make test` (see README.md).
+SHELL := /bin/bash
+.DEFAULT_GOAL := book
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch is installed only when the environment has none (Colab and GPU machines keep theirs).
+# On these build machines torch==2.13.0 resolves offline to a CPU wheel; elsewhere you may prefer
+#   make book TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
+TORCH_SPEC ?= torch==2.13.0
+PRESET ?= smoke
+EXPERIMENTS := 06_listops 07_scifar10 08_imdb
+# Real data: a local copy in the hub's parquet layout (HKT_DATA_DIR), else the Hugging Face hub.
+HKT_DATA_DIR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
+export HKT_DATA_DIR
+export MPLBACKEND := Agg
+export PYTHONHASHSEED := 0
+
+.PHONY: install book test chapters check-sync pytest nbtest book-build clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: setup.py settings.ini | $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install $(TORCH_SPEC)
+	$(BIN)/python -m pip install -e ".[dev]"
+	$(BIN)/python -m pip check
+	touch $@
+
+install: $(VENV)/.installed
+
+## book: execute the chapters (CPU-friendly defaults) and write the HTML book
+book: install
+	$(BIN)/python scripts/build_book.py --preset $(PRESET)
+
+## chapters: run the experiment chapters through papermill with PRESET=smoke|cpu|paper
+chapters: install
+	@mkdir -p results/chapters/$(PRESET)
+	@for nb in $(EXPERIMENTS); do \
+	  if [ -f nbs/$$nb.ipynb ]; then \
+	    echo "papermill $$nb (preset $(PRESET))"; \
+	    (cd nbs && ../$(BIN)/papermill --no-progress-bar -k python3 -p preset $(PRESET) \
+	      $$nb.ipynb ../results/chapters/$(PRESET)/$$nb.ipynb) || exit 1; \
+	  fi; \
+	done
+
+check-sync: install
+	BIN=$(BIN) scripts/check_sync.sh
+
+pytest: install
+	$(BIN)/python -m pytest -q tests
+
+nbtest: install
+	$(BIN)/nbdev_test --skip_file_re '^0[6-8]_'
+
+## test: the whole suite (what CI runs): sync checks, library tests, notebook tests, experiment
+## chapters with the smoke preset, and the book build with warnings as errors
+test: check-sync pytest nbtest
+	$(MAKE) chapters PRESET=smoke
+	$(MAKE) book PRESET=smoke
+
+clean:
+	rm -rf _build _proc _docs build dist *.egg-info results/chapters/smoke

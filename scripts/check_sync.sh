@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Fail when the library is out of sync with the notebooks (nbdev_export changes hkt_nb/)
+# or when notebooks are not clean (nbdev_clean changes nbs/). Works on a dirty tree too:
+# it compares the files before and after, not against git.
+set -euo pipefail
+BIN=${BIN:-.venv/bin}
+snapshot() { find "$1" -type f \( -name '*.py' -o -name '*.ipynb' \) -not -path '*/.ipynb_checkpoints/*' -print0 | sort -z | xargs -0 sha256sum; }
+lib_before=$(snapshot hkt_nb); nbs_before=$(snapshot nbs)
+"$BIN/nbdev_export"
+"$BIN/nbdev_clean"
+status=0
+if [ "$lib_before" != "$(snapshot hkt_nb)" ]; then
+  echo "ERROR: hkt_nb/ was out of sync with nbs/ (nbdev_export changed it). Library code is written only in"
+  echo "       nbs/ '#| export' cells: run nbdev_export and commit notebooks and library together."
+  diff <(echo "$lib_before") <(snapshot hkt_nb) || true
+  status=1
+fi
+if [ "$nbs_before" != "$(snapshot nbs)" ]; then
+  echo "ERROR: notebooks were not clean (nbdev_clean changed them). Run nbdev_clean and commit."
+  diff <(echo "$nbs_before") <(snapshot nbs) || true
+  status=1
+fi
+[ $status -eq 0 ] && echo "nbs/ and hkt_nb/ in sync; notebooks clean."
+exit $status
