@@ -1,0 +1,69 @@
+"""Tests of hkt_nb.asymmetry (Props. 3.5-3.6, our reconstruction)."""
+import pytest
+import torch
+
+from hkt_nb.attention import HierarchicalAttention, upsample_index, upsample_scores
+from hkt_nb.asymmetry import (form_reciprocity, lag_profile, reciprocity, reciprocity_ratio, set_level_antisymmetric,
+                              set_level_symmetric, sym_antisym_split)
+from hkt_nb.kernel import hierarchical_gram, tie_keys_to_queries
+
+f64 = torch.float64
+
+
+def test_split_unique_orthogonal_and_commutes_with_congruence_and_upsampling():
+    A = torch.randn(4, 6, 6, dtype=f64)
+    A_s, A_a = sym_antisym_split(A)
+    torch.testing.assert_close(A_s + A_a, A, rtol=0, atol=1e-15)
+    assert torch.equal(A_s, A_s.mT) and torch.equal(A_a, -A_a.mT)
+    assert (A_s * A_a).sum((-1, -2)).abs().max() < 1e-13
+    # uniqueness: splitting a symmetric (antisymmetric) matrix returns it unchanged
+    assert torch.equal(sym_antisym_split(A_s)[1], torch.zeros_like(A_s)) and torch.equal(sym_antisym_split(A_a)[0], torch.zeros_like(A_a))
+    C = torch.randn(9, 6, dtype=f64)
+    torch.testing.assert_close(sym_antisym_split(C @ A @ C.T)[1], C @ A_a @ C.T)
+    index, valid = upsample_index(12, 1, 2)
+    up = lambda m: upsample_scores(m[:, None], index, valid)[:, 0]
+    torch.testing.assert_close(sym_antisym_split(up(A))[0], up(A_s), rtol=0, atol=0)
+    with pytest.raises(ValueError):
+        sym_antisym_split(torch.ones(2, 3))
+
+
+def test_reciprocity_ratio_known_values():
+    S = torch.randn(5, 5, dtype=f64)
+    assert reciprocity_ratio(S + S.T).item() == pytest.approx(1.0)
+    assert reciprocity_ratio(S - S.T).item() == pytest.approx(0.0, abs=1e-15)
+    assert reciprocity_ratio(torch.zeros(3, 3)).item() == 1.0
+    shift = torch.diag(torch.ones(4), -1)
+    assert reciprocity_ratio(shift).item() == pytest.approx(0.5)
+
+
+def test_symmetric_condition_layer_has_reciprocity_one_and_antisymmetric_zero():
+    layer = tie_keys_to_queries(HierarchicalAttention(16, 2, 3, 2).double())
+    x = torch.randn(3, 21, 16, dtype=f64)
+    kpm = torch.arange(21)[None] >= torch.tensor([[21], [15], [4]])
+    torch.testing.assert_close(reciprocity(layer, x, kpm), torch.ones(2, 3, dtype=f64))
+    set_level_antisymmetric(layer, 2)
+    r = reciprocity(layer, x, kpm)
+    assert r[:, 2].abs().max() < 1e-20 and torch.allclose(r[:, :2], torch.ones(2, 2, dtype=f64))
+    assert form_reciprocity(layer)[:, 2].abs().max() < 1e-20
+    # fused antisymmetric part = sum of the per-level ones (only level 2 contributes)
+    S, grams = hierarchical_gram(layer, x, 1, kpm, return_levels=True)
+    i, v = upsample_index(21, 2, 2)
+    lam = layer.lambdas[1, 2].detach()
+    torch.testing.assert_close(sym_antisym_split(S)[1], lam * upsample_scores(grams[2][:, None], i, v)[:, 0], rtol=0, atol=1e-12)
+
+
+def test_random_layer_reciprocity_strictly_between_and_set_symmetric():
+    layer = HierarchicalAttention(16, 2, 2, 2).double()
+    r = reciprocity(layer, torch.randn(2, 16, 16, dtype=f64))
+    assert ((r > 0) & (r < 1)).all()
+    set_level_symmetric(layer, 1)
+    assert torch.allclose(form_reciprocity(layer)[:, 1], torch.ones(2, dtype=f64))
+    with pytest.raises(ValueError):
+        set_level_antisymmetric(HierarchicalAttention(6, 2, 2), 0)  # odd head width
+
+
+def test_lag_profile_of_a_shift():
+    n, k = 10, 3
+    A = torch.diag(torch.ones(n - k, dtype=f64), -k)  # row i scores column i - k
+    prof = lag_profile(A, 5)
+    assert prof.argmax().item() == k and prof[k] > 0 and torch.allclose(prof[[0, 1, 2, 4, 5]], torch.zeros(5, dtype=f64))

@@ -1,0 +1,127 @@
+"""Tests of hkt_nb.capacity: Prop. 3.4 constructors (float64), the strictness task, the conv bound, training."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hkt_nb.attention import HierarchicalAttention
+from hkt_nb.capacity import (CausalConvMixer, SingleLayerRegressor, as_causal_conv, causal_depthwise_conv,
+                             conv_mse_lower_bound, conv_only_layer, conv_path_reference, marker_difference_task,
+                             train_marker_difference)
+
+f64 = torch.float64
+
+
+def padded(B=3, T=13, D=12, lengths=(13, 8, 2)):
+    x = torch.randn(B, T, D, dtype=f64)
+    return x, torch.arange(T)[None] >= torch.tensor(lengths)[:, None]
+
+
+@pytest.mark.parametrize("n_levels,stride", [(1, 2), (3, 2), (2, 3)])
+def test_from_mha_equals_mha(n_levels, stride):
+    mha = nn.MultiheadAttention(12, 3, batch_first=True).double()
+    with torch.no_grad():
+        for p in mha.parameters():
+            p.normal_(0, 0.3)
+    x, kpm = padded()
+    ref, _ = mha(x, x, x, key_padding_mask=kpm, need_weights=False)
+    hkt = HierarchicalAttention.from_mha(mha, n_levels=n_levels, stride=stride)
+    for impl in ("fused", "explicit"):
+        torch.testing.assert_close(hkt(x, kpm, impl=impl), ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("conv_kernel_size", [1, 3, 5])
+def test_closed_gate_is_conv(conv_kernel_size):
+    layer = HierarchicalAttention(12, 3, n_levels=3, conv_kernel_size=conv_kernel_size).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(0, 0.3)
+    conv = as_causal_conv(layer)
+    assert torch.equal(conv.gates, torch.zeros(3, dtype=f64))
+    assert layer.gates.ne(0).all()  # the original is untouched
+    x, kpm = padded()
+    ref = conv_path_reference(layer, x)
+    for impl in ("fused", "explicit"):
+        torch.testing.assert_close(conv(x, kpm, impl=impl), ref, rtol=0, atol=1e-12)
+
+
+def test_conv_reference_known_answer():
+    x = torch.arange(5, dtype=f64).reshape(1, 5, 1)  # 0 1 2 3 4
+    w = torch.tensor([[1.0, -1.0]], dtype=f64)  # y_t = x_{t-1} - x_t
+    assert causal_depthwise_conv(x, w).flatten().tolist() == [0.0, -1.0, -1.0, -1.0, -1.0]
+    y = causal_depthwise_conv(x, torch.tensor([[0.0, -1.0, 1.0]], dtype=f64), torch.tensor([2.0], dtype=f64))
+    assert y.flatten().tolist() == [2.0, 3.0, 3.0, 3.0, 3.0]  # x_t - x_{t-1} + 2
+
+
+def test_conv_only_layer_matches_given_kernel():
+    x, _ = padded(D=6)
+    w, b = torch.randn(6, 2, dtype=f64), torch.randn(6, dtype=f64)
+    layer = conv_only_layer(w, b, n_heads=2, conv_kernel_size=4)
+    torch.testing.assert_close(layer(x), causal_depthwise_conv(x, w, b), rtol=0, atol=1e-12)
+    # the gate stays closed under training: its gradient is exactly zero
+    layer(x).sum().backward()
+    assert torch.equal(layer.gate_logits.grad, torch.zeros(2, dtype=f64))
+    with pytest.raises(ValueError):
+        conv_only_layer(w, conv_kernel_size=1)
+
+
+def test_bad_inputs():
+    with pytest.raises(TypeError):
+        as_causal_conv(nn.Linear(2, 2))
+    with pytest.raises(ValueError):
+        causal_depthwise_conv(torch.randn(1, 4, 3), torch.randn(2, 3))
+    with pytest.raises(ValueError):
+        marker_difference_task(0, 8)
+    with pytest.raises(ValueError):
+        SingleLayerRegressor("rnn", 8, 16)
+
+
+def test_task_determinism_and_answers():
+    a = marker_difference_task(16, 10, torch.Generator().manual_seed(3))
+    b = marker_difference_task(16, 10, torch.Generator().manual_seed(3))
+    assert all(torch.equal(u, v) for u, v in zip(a, b))
+    feats, y = a
+    v, m = feats[..., 0], feats[..., 1]
+    assert torch.equal(m.sum(1), torch.ones(16))
+    p = m.argmax(1)
+    expected = v[torch.arange(16), p][:, None] + v - torch.cat([torch.zeros(16, 1), v[:, :-1]], 1)
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+
+
+def test_conv_bound_values():
+    lb = conv_mse_lower_bound(8, 3)
+    torch.testing.assert_close(lb, torch.tensor([7, 6, 5, 5, 5, 5, 5, 5], dtype=f64) / 8)
+    assert abs(conv_mse_lower_bound(32, 32).mean().item() - 31 / 64) < 1e-12
+
+
+def test_conv_bound_is_attained_by_window_bayes_predictor():
+    # the Bayes predictor from the window (flag inside: exact; outside: 0) has per-position MSE -> the bound
+    T, k, n = 8, 3, 40000
+    feats, y = marker_difference_task(n, T, torch.Generator().manual_seed(0), dtype=f64)
+    v, m = feats[..., 0], feats[..., 1]
+    pred = torch.zeros_like(y)
+    for t in range(T):
+        lo = max(0, t - k + 1)
+        pred[:, t] = (v[:, lo:t + 1] * m[:, lo:t + 1]).sum(1) + v[:, t] - (v[:, t - 1] if t else 0)
+    mse = (pred - y).pow(2).mean(0)
+    bound = conv_mse_lower_bound(T, k)
+    assert ((mse - bound).abs() < 0.05).all()
+
+
+def test_models_and_training_are_deterministic():
+    for kind in ("hkt", "mha", "conv"):
+        runs = []
+        for _ in range(2):
+            torch.manual_seed(0)
+            model = SingleLayerRegressor(kind, 8, 16)
+            runs.append(train_marker_difference(model, T=16, steps=5, batch_size=8, eval_size=32, eval_every=5))
+        assert runs[0]["train_loss"] == runs[1]["train_loss"]
+        assert len(runs[0]["train_loss"]) == 5 and runs[0]["eval_steps"] == [5]
+        assert runs[0]["n_parameters"] == sum(p.numel() for p in model.parameters())
+
+
+def test_conv_mixer_is_hkt_conv_path():
+    mixer = CausalConvMixer(6, 3).double()
+    x, _ = padded(D=6)
+    ref = causal_depthwise_conv(mixer.v_proj(x), mixer.value_conv.weight[:, 0], mixer.value_conv.bias)
+    torch.testing.assert_close(mixer(x), mixer.out_proj(ref), rtol=0, atol=1e-12)

@@ -1,0 +1,68 @@
+"""Tests of hkt_nb.kernel (Prop. 3.1, our reconstruction): Gram = layer scores, PSD condition, feature map, rank."""
+import pytest
+import torch
+
+from hkt_nb.attention import HierarchicalAttention
+from hkt_nb.kernel import (feature_map, hierarchical_gram, inertia, is_psd, numerical_rank, rank_bound,
+                           symmetrised_forms, tie_keys_to_queries, lag_copy_batch)
+
+f64 = torch.float64
+
+
+def randomised(layer):
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(0, 0.3)
+    return layer
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("L,s", [(3, 2), (2, 3), (1, 2)])
+def test_gram_equals_layer_scores(causal, L, s):
+    layer = randomised(HierarchicalAttention(16, 2, L, s, causal=causal).double())
+    x = torch.randn(2, 19, 16, dtype=f64)
+    kpm = torch.arange(19)[None] >= torch.tensor([[19], [11]])
+    ref = layer.scores(x, kpm).fused
+    for h in range(2):
+        torch.testing.assert_close(hierarchical_gram(layer, x, h, kpm), ref[:, h], rtol=0, atol=1e-12)
+
+
+def test_psd_under_condition_feature_map_and_schur():
+    layer = tie_keys_to_queries(randomised(HierarchicalAttention(16, 2, 3, 2).double()))
+    x = torch.randn(2, 32, 16, dtype=f64) / 2
+    for h in range(2):
+        assert all(is_psd(M) for M in symmetrised_forms(layer, h))
+        S = hierarchical_gram(layer, x, h)
+        assert is_psd(S) and torch.allclose(S, S.mT, atol=1e-13)
+        Phi = feature_map(layer, x, h)
+        torch.testing.assert_close(Phi @ Phi.mT, S, rtol=0, atol=1e-11)
+        assert is_psd(S.exp())
+
+
+def test_rank_bound_holds_and_is_tight_for_generic_weights():
+    assert rank_bound(64, 8, 3, 2) == 24 and rank_bound(20, 8, 4, 2) == 20 and rank_bound(10, 8, 1) == 8
+    layer = randomised(HierarchicalAttention(32, 4, 3, 2).double())  # untied: bound needs no PSD assumption
+    x = torch.randn(2, 64, 32, dtype=f64)
+    r = numerical_rank(hierarchical_gram(layer, x, 1))
+    assert (r == rank_bound(64, 8, 3, 2)).all()
+
+
+def test_untied_layer_is_indefinite_with_d_plus_d_inertia():
+    layer = HierarchicalAttention(32, 4, 3, 2).double()
+    for M in symmetrised_forms(layer, 0):
+        assert inertia(M) == (8, 8, 17)
+    S = hierarchical_gram(layer, torch.randn(1, 64, 32, dtype=f64), 0)
+    assert not is_psd(S)
+    with pytest.raises(ValueError):
+        feature_map(layer, torch.randn(1, 8, 32, dtype=f64), 0)
+
+
+def test_is_psd_known_answers_and_errors():
+    assert is_psd(torch.eye(3)) and is_psd(torch.zeros(3, 3)) and not is_psd(torch.diag(torch.tensor([1.0, -1e-3])))
+    assert is_psd(torch.tensor([[1.0, 5.0], [-5.0, 1.0]]))  # only the symmetric part matters
+    with pytest.raises(ValueError):
+        is_psd(torch.ones(2, 3))
+    with pytest.raises(ValueError):
+        hierarchical_gram(HierarchicalAttention(8, 2), torch.randn(1, 4, 8), head=2)
+    with pytest.raises(ValueError):
+        lag_copy_batch(2, torch.randn(5, 4), lag=5)
