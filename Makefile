@@ -52,7 +52,7 @@ pytest: install
 	$(BIN)/python -m pytest -q tests
 
 nbtest: install
-	$(BIN)/nbdev_test --skip_file_re '^0[6-8]_'
+	OMP_NUM_THREADS=1 $(BIN)/nbdev_test --skip_file_re '^0[6-8]_'  # 2 workers x 1 thread on 2 cores
 
 ## test: the whole suite (what CI runs): sync checks, library tests, notebook tests, experiment
 ## chapters with the smoke preset, and the book build with warnings as errors
