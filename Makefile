@@ -14,7 +14,6 @@ EXPERIMENTS := 06_listops 07_scifar10 08_imdb
 # Real data: a local copy in the hub's parquet layout (HKT_DATA_DIR), else the Hugging Face hub.
 HKT_DATA_DIR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 export HKT_DATA_DIR
-export MPLBACKEND := Agg
 export PYTHONHASHSEED := 0
 
 .PHONY: install book test chapters check-sync pytest nbtest book-build clean
@@ -40,7 +39,7 @@ chapters: install
 	@for nb in $(EXPERIMENTS); do \
 	  if [ -f nbs/$$nb.ipynb ]; then \
 	    echo "papermill $$nb (preset $(PRESET))"; \
-	    (cd nbs && ../$(BIN)/papermill --no-progress-bar -k python3 -p preset $(PRESET) \
+	    (cd nbs && MPLBACKEND=module://matplotlib_inline.backend_inline ../$(BIN)/papermill --no-progress-bar -k python3 -p preset $(PRESET) \
 	      $$nb.ipynb ../results/chapters/$(PRESET)/$$nb.ipynb) || exit 1; \
 	  fi; \
 	done
@@ -49,10 +48,10 @@ check-sync: install
 	BIN=$(BIN) scripts/check_sync.sh
 
 pytest: install
-	$(BIN)/python -m pytest -q tests
+	MPLBACKEND=Agg $(BIN)/python -m pytest -q tests
 
 nbtest: install
-	OMP_NUM_THREADS=1 $(BIN)/nbdev_test --skip_file_re '^0[6-8]_'  # 2 workers x 1 thread on 2 cores
+	MPLBACKEND=Agg OMP_NUM_THREADS=1 $(BIN)/nbdev_test --skip_file_re '^0[6-8]_'  # 2 workers x 1 thread on 2 cores
 
 ## test: the whole suite (what CI runs): sync checks, library tests, notebook tests, experiment
 ## chapters with the smoke preset, and the book build with warnings as errors

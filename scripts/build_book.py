@@ -14,6 +14,7 @@ Usage: python scripts/build_book.py [--preset smoke] [--no-execute] [--keep-goin
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -106,10 +107,22 @@ def executed_copy(name: str) -> Path | None:
 def execute(path: Path, parameters: dict | None = None):
     import papermill as pm
 
+    # figures must be displayed inline: MPLBACKEND=Agg (handy for tests) would silently drop every figure
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+
     t0 = time.time()
     pm.execute_notebook(str(path), str(path), parameters=parameters or {}, cwd=str(ROOT / "nbs"),
                         kernel_name="python3", language="python", progress_bar=False, log_output=False)
     print(f"  executed {path.relative_to(ROOT)} in {time.time() - t0:.1f} s", flush=True)
+
+
+def check_figures(path: Path):
+    "A chapter that plots must show its figures: fail if it draws (plt./sns.) but has no image output."
+    nb = nbformat.read(path, as_version=4)
+    plots = any(("plt." in c.source or "sns." in c.source) for c in nb.cells if c.cell_type == "code")
+    images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    if plots and not images:
+        sys.exit(f"{path.relative_to(ROOT)} draws figures but has no image output (matplotlib backend?)")
 
 
 def main(argv=None):
@@ -145,6 +158,8 @@ def main(argv=None):
             execute(dest)
     if args.no_execute:
         return
+    for name in toc_files(ROOT / "_toc.yml"):
+        check_figures(SRC / f"{name}.ipynb")
     cmd = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(SRC), "--path-output", str(ROOT / "_build"), "-W", "-n", "--keep-going"]
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)
