@@ -191,3 +191,37 @@ def test_device_and_precision_choice():
         with pytest.warns(UserWarning, match="CUDA is not available"):
             assert resolve_device("cuda") == torch.device("cpu")
         assert resolve_device("auto") == torch.device("cpu")
+
+
+def test_resume_after_sigkill_loses_no_finished_epoch(tmp_path, one_thread):
+    """A real kill: SIGKILL the CLI once its first epoch is checkpointed, rerun the same command, and compare
+    with an uninterrupted run (same seed, one thread): every epoch's metrics and the test accuracy agree."""
+    import signal
+    import time
+
+    epochs = 12
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    cmd = [sys.executable, "-m", "hkt_nb.train", "--task", "synthetic", "--model", "hkt", "--preset", "smoke",
+           "--seed", "5", "--device", "cpu", "--epochs", str(epochs), "--threads", "1", "--no-progress",
+           "--results-dir", str(tmp_path / "r"), "--checkpoint-dir", str(tmp_path / "c")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ckpt, deadline = tmp_path / "c" / "last.pt", time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if ckpt.exists() and torch.load(ckpt, weights_only=True)["epoch"] >= 1:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    assert proc.wait(timeout=60) == -signal.SIGKILL, "the run ended before it could be killed"
+    killed_at = torch.load(ckpt, weights_only=True)["epoch"]
+    assert 1 <= killed_at < epochs and not list((tmp_path / "r").glob("*.json"))  # killed mid-run: no results yet
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"resumed from {ckpt} after epoch {killed_at}" in out.stdout
+    resumed = json.loads((tmp_path / "r" / "synthetic-hkt-smoke-seed5.json").read_text())
+    full = train("synthetic", "hkt", "smoke", 5, device="cpu", epochs=epochs, progress=False, verbose=False,
+                 results_dir=tmp_path / "full", checkpoint_dir=tmp_path / "cf")
+    assert len(resumed["history"]) == epochs
+    for a, b in zip(resumed["history"], full["history"]):
+        for k in ("train_loss", "val_loss", "val_acc", "lr"):
+            assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), (a["epoch"], k)
+    assert resumed["test_acc"] == full["test_acc"]
