@@ -53,10 +53,12 @@ pytest: install
 nbtest: install
 	MPLBACKEND=Agg OMP_NUM_THREADS=1 $(BIN)/nbdev_test --skip_file_re '^0[6-8]_'  # 2 workers x 1 thread on 2 cores
 
-## test: the whole suite (what CI runs): sync checks, library tests, notebook tests, experiment
-## chapters with the smoke preset, and the book build with warnings as errors
-test: check-sync pytest nbtest
+## test: the whole suite (what CI runs): sync checks, library tests, the experiment chapters with the
+## smoke preset (first: the results chapter needs runs to read), notebook tests, and the book build with
+## warnings as errors
+test: check-sync pytest
 	$(MAKE) chapters PRESET=smoke
+	$(MAKE) nbtest
 	$(MAKE) book PRESET=smoke
 
 clean:
