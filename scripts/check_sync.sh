@@ -10,7 +10,7 @@ lib_before=$(snapshot hkt_nb); nbs_before=$(snapshot nbs)
 "$BIN/nbdev_clean"
 status=0
 if [ "$lib_before" != "$(snapshot hkt_nb)" ]; then
-  echo "ERROR: hkt_nb/ was out of sync with nbs/ (nbdev_export changed it). Library code is written only in"
+  echo "ERROR: hkt_nb/ was out of sync with nbs/ (nbdev_export has now rewritten it: review git diff hkt_nb). Library code is written only in"
   echo "       nbs/ '#| export' cells: run nbdev_export and commit notebooks and library together."
   diff <(echo "$lib_before") <(snapshot hkt_nb) || true
   status=1
