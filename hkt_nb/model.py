@@ -14,7 +14,7 @@ from .attention import HierarchicalAttention, MultiHeadAttention
 
 # %% auto #0
 __all__ = ['ClassifierConfig', 'make_attention', 'EncoderBlock', 'masked_mean', 'HKTClassifier', 'count_parameters',
-           'matched_mha_config']
+           'match_parameters', 'matched_mha_config']
 
 # %% ../nbs/03_model.ipynb #8bc3ea26
 @dataclass
@@ -126,6 +126,20 @@ class HKTClassifier(nn.Module):
         "The attention module of each block, in order (to read lambdas, gates and score maps)."
         return [b.attn for b in self.blocks]
 
+    @classmethod
+    def from_checkpoint(cls, path, map_location="cpu") -> "HKTClassifier":
+        """The model saved in a checkpoint file `path` (a dict with "config", the `ClassifierConfig` fields, and
+        "state_dict"; the training chapter's `results/checkpoints/<run>.pt`), in eval mode.
+        Raises `FileNotFoundError` when `path` does not exist. Loads with `weights_only=True` (no pickled code)."""
+        import os
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path} not found: train with save_model=True (the cpu and paper presets do)")
+        blob = torch.load(path, map_location=map_location, weights_only=True)
+        model = cls(ClassifierConfig(**blob["config"]))
+        model.load_state_dict(blob["state_dict"])
+        return model.eval()
+
+
 # %% ../nbs/03_model.ipynb #f5a8f3a8
 def count_parameters(cfg_or_model) -> int:
     "Number of trainable parameters of an `HKTClassifier` or of the model a `ClassifierConfig` describes."
@@ -135,13 +149,18 @@ def count_parameters(cfg_or_model) -> int:
     return sum(p.numel() for p in cfg_or_model.parameters() if p.requires_grad)
 
 
-def matched_mha_config(cfg: ClassifierConfig) -> ClassifierConfig:
-    """The standard-attention config with the parameter count of `cfg` (the paper's protocol): same D, H,
-    layers and everything else, MLP width `d_ff` chosen so that the counts differ by at most n_layers (2D+1)/2."""
-    target = count_parameters(cfg)
-    base = replace(cfg, attention="mha")
+def match_parameters(cfg: ClassifierConfig, target: int) -> ClassifierConfig:
+    """`cfg` with its MLP width `d_ff` changed so that its parameter count is `target` to within
+    n_layers (2D+1)/2 (one MLP unit in every block). Raises `ValueError` when even `d_ff = 1` is too large."""
     per_unit = cfg.n_layers * (2 * cfg.d_model + 1)  # parameters added by one more MLP unit in every block
-    d_ff = base.d_ff + round((target - count_parameters(base)) / per_unit)
+    d_ff = cfg.d_ff + round((target - count_parameters(cfg)) / per_unit)
     if d_ff < 1:
-        raise ValueError("the MHA baseline cannot be made as small as this HKT model by narrowing its MLPs")
-    return replace(base, d_ff=d_ff)
+        raise ValueError(f"cannot reach {target:,} parameters by changing d_ff: the model without MLPs is larger")
+    return replace(cfg, d_ff=d_ff)
+
+
+def matched_mha_config(cfg: ClassifierConfig) -> ClassifierConfig:
+    """The standard-attention config with the parameter count of `cfg`: same D, H, layers and everything else,
+    MLP width `d_ff` chosen by `match_parameters` (the counts differ by at most n_layers (2D+1)/2)."""
+    return match_parameters(replace(cfg, attention="mha"), count_parameters(cfg))
+

@@ -27,14 +27,15 @@ from torch.utils.data import DistributedSampler, Sampler
 from tqdm import tqdm  # console bars (off in notebooks and tests, see `progress`)
 
 import hkt_nb
-from .model import ClassifierConfig, HKTClassifier, count_parameters, matched_mha_config
+from .model import ClassifierConfig, HKTClassifier, count_parameters, match_parameters, matched_mha_config
 
 # %% auto #0
-__all__ = ['TASKS', 'SEQ_LEN', 'PRESETS', 'TrainConfig', 'Preset', 'get_preset', 'synthetic_benchmark', 'task_sizes', 'load_task',
-           'subsample', 'param_groups', 'lr_factor', 'resolve_device', 'amp_dtype', 'setup_distributed',
+__all__ = ['TASKS', 'SEQ_LEN', 'PRESETS', 'MODELS', 'TrainConfig', 'Preset', 'get_preset', 'synthetic_benchmark', 'task_sizes',
+           'load_task', 'subsample', 'param_groups', 'lr_factor', 'resolve_device', 'amp_dtype', 'setup_distributed',
            'all_reduce_sum', 'ShardSampler', 'seed_everything', 'rng_state', 'set_rng_state', 'atomic_save', 'evaluate',
-           'run_name', 'build_config', 'hardware_info', 'library_versions', 'hkt_internals', 'train', 'load_trained',
-           'finished_run', 'load_or_train', 'parse_args', 'main']
+           'run_name', 'build_config', 'save_predictions', 'gather_predictions', 'hardware_info', 'library_versions',
+           'hkt_internals', 'train', 'load_trained', 'predict_run', 'finished_run', 'load_or_train', 'parse_args',
+           'main']
 
 # %% ../nbs/05_train.ipynb #4efd0b2b
 TASKS = ("listops", "imdb", "scifar10")
@@ -305,10 +306,14 @@ def atomic_save(obj, path: Path) -> None:
 
 # %% ../nbs/05_train.ipynb #f672df3c
 @torch.no_grad()
-def evaluate(model: nn.Module, loader, device: torch.device, dtype: torch.dtype | None = None) -> dict:
-    "Mean cross-entropy `loss`, accuracy `acc` and example count `n` of `model` over `loader` (all processes)."
+def evaluate(model: nn.Module, loader, device: torch.device, dtype: torch.dtype | None = None,
+             predictions: bool = False) -> dict:
+    """Mean cross-entropy `loss`, accuracy `acc` and example count `n` of `model` over `loader` (all processes).
+    With `predictions=True` also `"predictions"`: the predicted class of each example of this process, in
+    loader order (an int64 numpy array)."""
     model.eval()
     loss_sum = correct = n = 0.0
+    preds = []
     for input_ids, kpm, labels in loader:
         input_ids, labels = input_ids.to(device), labels.to(device)
         kpm = kpm.to(device) if kpm is not None else None
@@ -317,8 +322,13 @@ def evaluate(model: nn.Module, loader, device: torch.device, dtype: torch.dtype 
         loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum").item()
         correct += (logits.argmax(-1) == labels).sum().item()
         n += len(labels)
+        if predictions:
+            preds.append(logits.argmax(-1).cpu())
     loss_sum, correct, n = all_reduce_sum([loss_sum, correct, n], device)
-    return {"loss": loss_sum / max(n, 1), "acc": correct / max(n, 1), "n": int(n)}
+    out = {"loss": loss_sum / max(n, 1), "acc": correct / max(n, 1), "n": int(n)}
+    if predictions:
+        out["predictions"] = torch.cat(preds).numpy() if preds else np.zeros(0, dtype=np.int64)
+    return out
 
 
 def run_name(task: str, model: str, preset: str, seed: int) -> str:
@@ -326,15 +336,47 @@ def run_name(task: str, model: str, preset: str, seed: int) -> str:
     return f"{task}-{model}-{preset}-seed{seed}"
 
 
+MODELS = ("hkt", "mha", "hkt_l1", "hkt_l2")  # the hierarchy ablation: HKT with 1 or 2 levels, same size
+
+
 def build_config(task: str, model: str, preset: Preset, vocab_size: int, n_classes: int,
                  seq_len: int | None = None, **overrides) -> ClassifierConfig:
-    """The `ClassifierConfig` of a run: the preset's model fields for the HKT model; for "mha" the standard-
-    attention model with the same parameter count (`matched_mha_config`)."""
-    if model not in ("hkt", "mha"):
-        raise ValueError(f'model must be "hkt" or "mha", got {model!r}')
+    """The `ClassifierConfig` of a run: the preset's model fields for "hkt"; for "mha" the standard-attention
+    model with the same parameter count (`matched_mha_config`); for "hkt_l1" / "hkt_l2" HKT with 1 / 2 levels,
+    its MLP widened by the same rule (`match_parameters`) to the parameter count of "hkt"."""
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
     hkt = ClassifierConfig(vocab_size=vocab_size, n_classes=n_classes, max_len=seq_len or SEQ_LEN[task],
                            attention="hkt", **{**preset.model, **overrides})
-    return hkt if model == "hkt" else matched_mha_config(hkt)
+    if model == "mha":
+        return matched_mha_config(hkt)
+    if model.startswith("hkt_l"):
+        return match_parameters(replace(hkt, n_levels=int(model[len("hkt_l"):])), count_parameters(hkt))
+    return hkt
+
+
+def save_predictions(path: Path, predictions: np.ndarray, labels: np.ndarray) -> None:
+    """Write a run's test predictions and labels (one int16 each per test example, in split order) to the
+    `.npz` file `path`, so that paired tests between runs can be recomputed without retraining."""
+    if len(predictions) != len(labels):
+        raise ValueError(f"{len(predictions)} predictions for {len(labels)} labels")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez_compressed(tmp, predictions=np.asarray(predictions, np.int16), labels=np.asarray(labels, np.int16))
+    os.replace(tmp, path)
+
+
+def gather_predictions(local: np.ndarray, n: int, rank: int, world: int) -> np.ndarray:
+    """Reassemble the predictions of a `ShardSampler`-sharded split of `n` examples (process r holds examples
+    r, r + world, ...) into split order on every process."""
+    if world == 1:
+        return local
+    parts = [None] * world
+    dist.all_gather_object(parts, local)
+    out = np.empty(n, dtype=np.int64)
+    for r, part in enumerate(parts):
+        out[r::world] = part
+    return out
 
 
 def hardware_info(device: torch.device, world_size: int) -> dict:
@@ -518,7 +560,8 @@ def train(task: str, model: str = "hkt", preset: str | Preset = "smoke", seed: i
 
     # test the best-validation model
     raw.load_state_dict(best["state"])
-    test = evaluate(net, eval_loaders["test"], dev, dtype)
+    test = evaluate(net, eval_loaders["test"], dev, dtype, predictions=True)
+    test_predictions = gather_predictions(test.pop("predictions"), len(splits["test"]), rank, world)
     labels_train = np.bincount(splits["train"]["label"], minlength=n_classes)
     labels_test = np.bincount(splits["test"]["label"], minlength=n_classes)
     results.update({
@@ -538,6 +581,9 @@ def train(task: str, model: str = "hkt", preset: str | Preset = "smoke", seed: i
             atomic_save({"config": cfg.to_dict(), "state_dict": {k: v.cpu() for k, v in best["state"].items()},
                          "run": name, "best_epoch": best["epoch"]}, model_path)
             results["model_path"] = str(Path("checkpoints") / f"{name}.pt")
+        pred_path = results_dir / "predictions" / f"{name}.npz"
+        save_predictions(pred_path, test_predictions, np.asarray(splits["test"]["label"]))
+        results["predictions_path"] = str(Path("predictions") / f"{name}.npz")
         atomic_save(results, results_dir / f"{name}.json")
         for f in (ckpt_path, ckpt_dir / "last.pt.tmp"):
             f.unlink(missing_ok=True)
@@ -549,14 +595,35 @@ def train(task: str, model: str = "hkt", preset: str | Preset = "smoke", seed: i
 
 # %% ../nbs/05_train.ipynb #0a00bdc6
 def load_trained(path: str | os.PathLike, map_location="cpu") -> HKTClassifier:
-    "The best model of a run saved with `save_model=True` (a `results/checkpoints/<run>.pt` file), in eval mode."
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: train with save_model=True (the cpu and paper presets do)")
-    blob = torch.load(path, map_location=map_location, weights_only=True)
-    net = HKTClassifier(ClassifierConfig(**blob["config"]))
-    net.load_state_dict(blob["state_dict"])
-    return net.eval()
+    "The best model of a run saved with `save_model=True`, in eval mode (`HKTClassifier.from_checkpoint`)."
+    return HKTClassifier.from_checkpoint(path, map_location)
+
+
+def predict_run(results_path: str | os.PathLike, data_dir=None, device: str = "cpu") -> dict:
+    """Recompute the test predictions of a finished run from its saved best model (for runs recorded before
+    predictions were saved): reload the run's test subset, check that the accuracy equals the recorded
+    `test_acc` (else `RuntimeError`), write `predictions/<run>.npz` beside the JSON and add its path to the JSON.
+    Returns the updated results dict."""
+    results_path = Path(results_path)
+    r = json.loads(results_path.read_text())
+    if "model_path" not in r:
+        raise ValueError(f"{results_path}: the run saved no model (save_model=False); it must be retrained")
+    tc = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in r["config"]["train"].items()})
+    caps = {"train": tc.n_train, "validation": tc.n_val, "test": tc.n_test}
+    dsd = load_task(r["task"], data_dir, caps=caps, seed=tc.data_seed)
+    test_split = subsample(dsd["test"], tc.n_test, tc.data_seed)
+    dev = resolve_device(device)
+    net = load_trained(results_path.parent / r["model_path"]).to(dev)
+    loader = _data_module().make_dataloader(test_split, 2 * tc.batch_size, shuffle=False, seed=r["seed"])
+    test = evaluate(net, loader, dev, predictions=True)
+    if abs(test["acc"] - r["test_acc"]) > 0.5 / max(test["n"], 1):
+        raise RuntimeError(f"{results_path}: recomputed test accuracy {test['acc']:.4f} != recorded {r['test_acc']:.4f}")
+    pred_path = results_path.parent / "predictions" / f"{r['run']}.npz"
+    save_predictions(pred_path, test["predictions"], np.asarray(test_split["label"]))
+    r["predictions_path"] = str(Path("predictions") / f"{r['run']}.npz")
+    atomic_save(r, results_path)
+    return r
+
 
 # %% ../nbs/05_train.ipynb #e62f3eb5
 def finished_run(task: str, model: str, preset: str | Preset, seed: int, results_dir="results") -> dict | None:
@@ -592,7 +659,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     "Arguments of `hkt-train` (see `main`)."
     p = argparse.ArgumentParser(prog="hkt-train", description="Train an HKT or parameter-matched MHA classifier.")
     p.add_argument("--task", required=True, choices=[*TASKS, "synthetic"])
-    p.add_argument("--model", default="hkt", choices=["hkt", "mha"])
+    p.add_argument("--model", default="hkt", choices=list(MODELS))
     p.add_argument("--preset", default="smoke", choices=sorted(PRESETS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help='"auto" (default), "cpu" or "cuda"')
