@@ -63,3 +63,13 @@ test: check-sync pytest
 
 clean:
 	rm -rf _build _proc _docs build dist *.egg-info results/chapters/smoke
+
+## results: regenerate the results chapter from results/ alone (no training, no data) into
+## _build/results/09_results.ipynb (`make book` renders it). RESULTS_PRESET=auto|smoke|cpu|paper (auto: the largest with runs)
+RESULTS_PRESET ?= auto
+.PHONY: results
+results: install
+	@mkdir -p _build/results
+	cd nbs && MPLBACKEND=module://matplotlib_inline.backend_inline $(abspath $(BIN))/papermill --no-progress-bar -k python3 \
+	  -p results_dir ../results -p preset $(RESULTS_PRESET) 09_results.ipynb ../_build/results/09_results.ipynb
+	@echo "results chapter: _build/results/09_results.ipynb"

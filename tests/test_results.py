@@ -1,0 +1,201 @@
+"""Tests of hkt_nb.lra.results: the paired statistics against known answers and scipy, the verdict rules, and
+reading runs, including the committed ListOps seed-0 predictions (issue 11)."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from hkt_nb.lra.results import (
+    SEEDS,
+    binomial_two_sided_p,
+    compare_on_seed,
+    copy_finished_runs,
+    correctness_correlation,
+    load_predictions,
+    load_runs,
+    mcnemar_exact,
+    paired_bootstrap,
+    run_grid,
+    run_name,
+    seed_summary,
+    standard_errors,
+    verdict,
+)
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+@pytest.mark.parametrize("successes,trials", [(0, 0), (0, 1), (1, 1), (0, 5), (5, 5), (2, 5), (3, 6), (87, 207),
+                                              (120, 207), (10, 11), (500, 1000), (470, 1000), (1300, 3000)])
+def test_binomial_p_matches_scipy(successes, trials):
+    expected = stats.binomtest(successes, trials, 0.5).pvalue if trials else 1.0
+    assert binomial_two_sided_p(successes, trials) == pytest.approx(expected, rel=1e-9, abs=1e-300)
+
+
+def test_binomial_p_hand_cases():
+    assert binomial_two_sided_p(0, 6) == 2 / 64  # all 6 discordant pairs favour one side
+    assert binomial_two_sided_p(1, 3) == 1.0  # 2 * (1 + 3) / 8 = 1, capped at 1
+    assert binomial_two_sided_p(0, 5) == 2 / 32
+    assert binomial_two_sided_p(1, 6) == 2 * 7 / 64
+    assert binomial_two_sided_p(4, 4) == binomial_two_sided_p(0, 4) == 2 / 16
+    assert binomial_two_sided_p(0, 5000) == 0.0 or binomial_two_sided_p(0, 5000) < 1e-300  # no overflow
+    with pytest.raises(ValueError):
+        binomial_two_sided_p(4, 3)
+
+
+def test_mcnemar_counts_and_symmetry():
+    a = np.array([1, 1, 1, 0, 0, 1, 0], bool)
+    b = np.array([0, 0, 1, 1, 0, 1, 0], bool)
+    test = mcnemar_exact(a, b)
+    assert (test["only_a"], test["only_b"], test["n"]) == (2, 1, 7)
+    assert test["difference"] == pytest.approx(a.mean() - b.mean())
+    assert test["p_value"] == 1.0
+    swapped = mcnemar_exact(b, a)
+    assert (swapped["only_a"], swapped["only_b"], swapped["p_value"]) == (1, 2, 1.0)
+    with pytest.raises(ValueError):
+        mcnemar_exact(a, b[:-1])
+
+
+def test_mcnemar_concordant_examples_do_not_matter():
+    rng = np.random.default_rng(1)
+    a, b = rng.random(300) < 0.6, rng.random(300) < 0.5
+    base = mcnemar_exact(a, b)["p_value"]
+    padded = mcnemar_exact(np.r_[a, np.ones(500, bool)], np.r_[b, np.ones(500, bool)])["p_value"]
+    assert padded == base
+
+
+def test_bootstrap_multinomial_equals_index_bootstrap():
+    """The multinomial shortcut has the distribution of resampling example indices: compare quantiles."""
+    rng = np.random.default_rng(2)
+    a, b = rng.random(400) < 0.55, rng.random(400) < 0.45
+    d = a.astype(float) - b.astype(float)
+    index = np.random.default_rng(3).integers(0, len(d), size=(20_000, len(d)))
+    naive = np.quantile(d[index].mean(1), [0.025, 0.975])
+    boot = paired_bootstrap(a, b, n_resamples=20_000, seed=4)
+    assert boot["low"] == pytest.approx(naive[0], abs=0.006) and boot["high"] == pytest.approx(naive[1], abs=0.006)
+    assert boot == paired_bootstrap(a, b, n_resamples=20_000, seed=4)  # a fixed generator: reproducible
+
+
+def test_bootstrap_covers_the_true_difference():
+    """Coverage: from a known joint distribution of (c_A, c_B) with true difference 0.03, the 95 % interval
+    contains 0.03 in about 95 % of 300 simulated test sets (binomial sd of the rate: 1.3 %)."""
+    rng = np.random.default_rng(5)
+    probabilities = [0.35, 0.08, 0.05, 0.52]  # (both right, only A, only B, both wrong): difference 0.03
+    hits = 0
+    for trial in range(300):
+        cell = rng.choice(4, size=1000, p=probabilities)
+        a, b = np.isin(cell, [0, 1]), np.isin(cell, [0, 2])
+        boot = paired_bootstrap(a, b, n_resamples=2000, seed=trial)
+        hits += boot["low"] <= 0.03 <= boot["high"]
+    assert 0.91 <= hits / 300 <= 0.99
+
+
+def test_standard_errors_and_correlation():
+    rng = np.random.default_rng(6)
+    a = rng.random(2000) < 0.4
+    b = a.copy()
+    flip = rng.random(2000) < 0.1
+    b[flip] = ~b[flip]
+    rho = correctness_correlation(a, b)
+    assert rho == pytest.approx(np.corrcoef(a, b)[0, 1])
+    errors = standard_errors(a, b)
+    sa, sb = a.std(), b.std()
+    # Var(Δ) = (σa² + σb² - 2ρσaσb)/n: the paired standard error is the derivation's formula
+    assert errors["paired"] == pytest.approx(np.sqrt((sa**2 + sb**2 - 2 * rho * sa * sb) / 2000))
+    assert errors["unpaired"] == pytest.approx(np.sqrt((sa**2 + sb**2) / 2000))
+    assert np.isnan(correctness_correlation(np.ones(5, bool), a[:5]))
+
+
+def _comparison(difference, p_value, low, high):
+    return {"model_a": "hkt", "model_b": "mha", "difference": difference, "p_value": p_value, "low": low, "high": high}
+
+
+def test_verdict_rules():
+    win, loss = _comparison(0.02, 0.01, 0.005, 0.035), _comparison(-0.02, 0.01, -0.035, -0.005)
+    weak = _comparison(0.01, 0.2, -0.005, 0.025)
+    assert verdict([win, win, win]) == "hkt better than mha"
+    assert verdict([loss, loss, loss]) == "mha better than hkt"
+    assert verdict([win, win, None]) == "inconclusive (2 of 3 seeds)"
+    assert verdict([]) == "inconclusive (0 of 3 seeds)"
+    assert verdict([win, win, weak]) == "inconclusive (hkt ahead on 3 of 3 seeds; significant for hkt on 2, for mha on 0)"
+    assert verdict([win, loss, win]).startswith("inconclusive (hkt ahead on 2 of 3")
+    # McNemar and the bootstrap must agree: a significant p with an interval touching zero is not enough
+    assert verdict([win, win, _comparison(0.02, 0.04, -0.001, 0.04)]).startswith("inconclusive")
+
+
+def _write_run(folder, task, model, seed, accuracy, labels, complete=True, predictions=True, preset="cpu"):
+    name = run_name(task, model, preset, seed)
+    record = {"run": name, "complete": complete, "task": task, "model": model, "preset": preset, "seed": seed,
+              "test_acc": accuracy, "n_test_evaluated": len(labels)}
+    if predictions:
+        n_right = int(round(accuracy * len(labels)))
+        predicted = np.where(np.arange(len(labels)) < n_right, labels, (labels + 1) % 10).astype(np.int16)
+        (folder / "predictions").mkdir(exist_ok=True)
+        np.savez(folder / "predictions" / f"{name}.npz", predictions=predicted, labels=labels.astype(np.int16))
+        record["predictions_path"] = f"predictions/{name}.npz"
+    (folder / f"{name}.json").write_text(json.dumps(record))
+    return name
+
+
+def test_reading_runs_missing_and_partial(tmp_path):
+    labels = np.arange(100) % 10
+    _write_run(tmp_path, "listops", "hkt", 0, 0.6, labels)
+    _write_run(tmp_path, "listops", "mha", 0, 0.4, labels)
+    _write_run(tmp_path, "listops", "hkt", 1, 0.5, labels, complete=False)  # a run still training
+    _write_run(tmp_path, "listops", "mha", 1, 0.5, labels, predictions=False)
+    (tmp_path / "imdb-hkt-cpu-seed0.json").write_text("{ truncated")  # a half-written file
+    runs = load_runs(tmp_path)
+    assert sorted(runs) == ["listops-hkt-cpu-seed0", "listops-mha-cpu-seed0", "listops-mha-cpu-seed1"]
+    assert load_predictions(tmp_path, runs["listops-mha-cpu-seed1"]) is None
+    grid = {(r["task"], r["model"], r["seed"]): r["status"] for r in run_grid(tmp_path, runs, "cpu")}
+    assert grid[("listops", "hkt", 0)] == "finished"
+    assert grid[("listops", "hkt", 1)] == "not yet run"
+    assert grid[("listops", "mha", 1)] == "finished, no predictions"
+    assert grid[("imdb", "hkt", 0)] == "not yet run" and len(grid) == 8 * len(SEEDS)
+    comparison = compare_on_seed(tmp_path, runs, "listops", ("hkt", "mha"), "cpu", 0)
+    assert (comparison["only_a"], comparison["only_b"]) == (20, 0) and comparison["difference"] == pytest.approx(0.2)
+    assert compare_on_seed(tmp_path, runs, "listops", ("hkt", "mha"), "cpu", 1) is None
+    summary = seed_summary(runs, "listops", "mha", "cpu")
+    assert summary["accuracies"] == {0: 0.4, 1: 0.5} and summary["missing"] == [2]
+    assert summary["mean"] == pytest.approx(0.45) and summary["std"] == pytest.approx(np.std([0.4, 0.5], ddof=1))
+    assert np.isnan(seed_summary(runs, "listops", "hkt", "cpu")["std"])
+    assert seed_summary(runs, "imdb", "hkt", "cpu")["n"] == 0
+
+
+def test_different_test_sets_are_refused(tmp_path):
+    labels = np.arange(50) % 10
+    _write_run(tmp_path, "listops", "hkt", 0, 0.6, labels)
+    _write_run(tmp_path, "listops", "mha", 0, 0.4, labels[::-1].copy())
+    with pytest.raises(ValueError):
+        compare_on_seed(tmp_path, load_runs(tmp_path), "listops", ("hkt", "mha"), "cpu", 0)
+
+
+def test_copy_finished_runs_skips_partial(tmp_path):
+    source, dest = tmp_path / "source", tmp_path / "dest"
+    source.mkdir(), dest.mkdir()
+    labels = np.arange(20) % 10
+    _write_run(source, "listops", "hkt", 0, 0.5, labels)
+    _write_run(source, "listops", "hkt", 1, 0.5, labels, complete=False)
+    assert copy_finished_runs(source, dest) == ["listops-hkt-cpu-seed0"]
+    assert sorted(p.name for p in dest.iterdir()) == ["listops-hkt-cpu-seed0.json", "predictions"]
+    assert load_predictions(dest, load_runs(dest)["listops-hkt-cpu-seed0"]) is not None
+    assert copy_finished_runs(source, dest) == []  # unchanged records are not copied again
+
+
+@pytest.mark.skipif(not (RESULTS / "predictions" / "listops-mha-cpu-seed0.npz").exists(),
+                    reason="the committed ListOps seed-0 predictions are absent")
+def test_committed_listops_seed0_paired_tests():
+    """Issue 11 quotes about 120 vs 87 discordant, p about 0.03, a bootstrap interval of about +0.3 to +3.1
+    points and a correctness correlation of 0.78; these are the values the committed predictions give."""
+    runs = load_runs(RESULTS, "cpu")
+    c = compare_on_seed(RESULTS, runs, "listops", ("hkt", "mha"), "cpu", 0)
+    assert (c["only_a"], c["only_b"], c["n"]) == (120, 87, 2000)
+    assert c["acc_a"] == pytest.approx(runs["listops-hkt-cpu-seed0"]["test_acc"])
+    assert c["acc_b"] == pytest.approx(runs["listops-mha-cpu-seed0"]["test_acc"])
+    assert c["p_value"] == pytest.approx(stats.binomtest(120, 207, 0.5).pvalue) and 0.02 < c["p_value"] < 0.03
+    assert 0 < c["low"] < 0.0165 < c["high"] < 0.035
+    assert c["correlation"] == pytest.approx(0.775, abs=0.005)
+    assert c["unpaired"] / c["paired"] > 2  # what pairing buys on these runs
+    assert verdict([c]) == "inconclusive (1 of 3 seeds)"
