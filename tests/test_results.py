@@ -199,3 +199,17 @@ def test_committed_listops_seed0_paired_tests():
     assert c["correlation"] == pytest.approx(0.775, abs=0.005)
     assert c["unpaired"] / c["paired"] > 2  # what pairing buys on these runs
     assert verdict([c]) == "inconclusive (1 of 3 seeds)"
+
+
+def test_committed_predictions_reproduce_recorded_accuracy():
+    """Every committed run's predictions give back its recorded test accuracy and the same test labels as the
+    other runs of its task (one test set per task, in one order)."""
+    labels_of_task = {}
+    for name, record in load_runs(RESULTS).items():
+        loaded = load_predictions(RESULTS, record)
+        if loaded is None:
+            continue
+        predictions, labels = loaded
+        assert (predictions == labels).mean() == pytest.approx(record["test_acc"], abs=1e-9), name
+        key = (record["task"], record["preset"])
+        assert np.array_equal(labels_of_task.setdefault(key, labels), labels), name
