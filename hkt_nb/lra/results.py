@@ -7,7 +7,7 @@ __all__ = ['EXPECTED_MODELS', 'SEEDS', 'ALPHA', 'VERDICT_RULES', 'run_name', 'lo
            'copy_finished_runs', 'binomial_two_sided_p', 'mcnemar_exact', 'paired_bootstrap', 'correctness_correlation',
            'standard_errors', 'compare_on_seed', 'seed_summary', 'verdict', 'run_grid']
 
-# %% ../../nbs/09_results.ipynb #c6a6c691
+# %% ../../nbs/09_results.ipynb #87d7b9c2
 import json
 import math
 import shutil
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-# %% ../../nbs/09_results.ipynb #43f1077b
+# %% ../../nbs/09_results.ipynb #dd7784ae
 EXPECTED_MODELS = {"listops": ("hkt", "mha", "hkt_l1", "hkt_l2"), "scifar10": ("hkt", "mha"), "imdb": ("hkt", "mha")}
 SEEDS = (0, 1, 2)  # the seeds of every preset (chapter 5)
 ALPHA = 0.05  # significance level of every paired test in the results chapter
@@ -30,7 +30,7 @@ VERDICT_RULES = (
     "4. Anything else is 'inconclusive'. 'No difference' is never a verdict: failing to detect a difference "
     "does not establish equality.")
 
-# %% ../../nbs/09_results.ipynb #4b99a81d
+# %% ../../nbs/09_results.ipynb #55883e21
 def run_name(task: str,  # "listops", "scifar10" or "imdb"
              model: str,  # "hkt", "mha", "hkt_l1" or "hkt_l2"
              preset: str,  # "smoke", "cpu" or "paper"
@@ -54,7 +54,7 @@ def load_runs(results_dir,  # folder holding `<run>.json` records
             runs[record.get("run", path.stem)] = record
     return runs
 
-# %% ../../nbs/09_results.ipynb #724b1a13
+# %% ../../nbs/09_results.ipynb #6d71543d
 def load_predictions(results_dir,  # folder holding the run records
                      record: dict,  # a run record from `load_runs`
                      ) -> tuple | None:
@@ -71,7 +71,7 @@ def load_predictions(results_dir,  # folder holding the run records
         raise ValueError(f"{path}: predictions {predictions.shape}, labels {labels.shape}, expected ({expected},)")
     return predictions, labels
 
-# %% ../../nbs/09_results.ipynb #9685791c
+# %% ../../nbs/09_results.ipynb #22de8ac8
 def copy_finished_runs(source_dir,  # a training folder's results/ (records, predictions/, checkpoints/)
                        dest_dir,  # this book's results/
                        ) -> list:
@@ -91,7 +91,7 @@ def copy_finished_runs(source_dir,  # a training folder's results/ (records, pre
             copied.append(name)
     return copied
 
-# %% ../../nbs/09_results.ipynb #c237c475
+# %% ../../nbs/09_results.ipynb #b6effcc2
 def binomial_two_sided_p(successes: int,  # n_10, the discordant examples favouring A
                          trials: int,  # n_d, all discordant examples
                          ) -> float:
@@ -114,7 +114,7 @@ def mcnemar_exact(correct_a,  # bool array (n,): A right on example i
     return {"only_a": only_a, "only_b": only_b, "n": n, "difference": (only_a - only_b) / max(n, 1),
             "p_value": binomial_two_sided_p(only_a, only_a + only_b)}
 
-# %% ../../nbs/09_results.ipynb #0da30026
+# %% ../../nbs/09_results.ipynb #a9bae993
 def paired_bootstrap(correct_a,  # bool array (n,): A right on example i
                      correct_b,  # bool array (n,): B right on the same example
                      n_resamples: int = 10_000,  # bootstrap resamples
@@ -130,7 +130,7 @@ def paired_bootstrap(correct_a,  # bool array (n,): A right on example i
     low, high = np.quantile(differences, [(1 - level) / 2, (1 + level) / 2])
     return {"difference": test["difference"], "low": float(low), "high": float(high), "level": level}
 
-# %% ../../nbs/09_results.ipynb #0ecd2cf8
+# %% ../../nbs/09_results.ipynb #d910fc9c
 def correctness_correlation(correct_a,  # bool array (n,)
                             correct_b,  # bool array (n,), same examples
                             ) -> float:
@@ -150,7 +150,7 @@ def standard_errors(correct_a,  # bool array (n,)
     unpaired = math.sqrt((a.mean() * (1 - a.mean()) + b.mean() * (1 - b.mean())) / n)
     return {"unpaired": unpaired, "paired": float((a - b).std() / math.sqrt(n))}
 
-# %% ../../nbs/09_results.ipynb #8f972881
+# %% ../../nbs/09_results.ipynb #ca183bf6
 def compare_on_seed(results_dir,  # folder holding the run records and predictions/
                     runs: dict,  # from `load_runs`
                     task: str,  # the task
@@ -189,7 +189,7 @@ def seed_summary(runs: dict,  # from `load_runs`
             "mean": float(values.mean()) if len(values) else float("nan"),
             "std": float(values.std(ddof=1)) if len(values) > 1 else float("nan")}
 
-# %% ../../nbs/09_results.ipynb #5e42949a
+# %% ../../nbs/09_results.ipynb #6d0c39c7
 def verdict(comparisons: list,  # per-seed dicts from `compare_on_seed` (None entries are ignored)
             min_seeds: int = 3,  # seeds needed before any verdict (rule 1)
             alpha: float = ALPHA,  # significance level of McNemar's test (rule 2)
@@ -209,7 +209,7 @@ def verdict(comparisons: list,  # per-seed dicts from `compare_on_seed` (None en
     return (f"inconclusive ({a} ahead on {ahead} of {len(done)} seeds; significant for {a} on {sum(a_wins)}, "
             f"for {b} on {sum(b_wins)})")
 
-# %% ../../nbs/09_results.ipynb #3e40072c
+# %% ../../nbs/09_results.ipynb #07e2f203
 def run_grid(results_dir,  # folder holding the run records
              runs: dict,  # from `load_runs`
              preset: str,  # the preset
