@@ -209,7 +209,7 @@ def verdict(comparisons: list,  # per-seed dicts from `compare_on_seed` (None en
     return (f"inconclusive ({a} ahead on {ahead} of {len(done)} seeds; significant for {a} on {sum(a_wins)}, "
             f"for {b} on {sum(b_wins)})")
 
-# %% ../../nbs/09_results.ipynb #07e2f203
+# %% ../../nbs/09_results.ipynb #cbeb6149
 def run_grid(results_dir,  # folder holding the run records
              runs: dict,  # from `load_runs`
              preset: str,  # the preset
