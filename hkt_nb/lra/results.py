@@ -170,8 +170,8 @@ def compare_on_seed(results_dir,  # folder holding the run records and predictio
         raise ValueError(f"{task} seed {seed}: {models} were not scored on the same test labels")
     correct_a, correct_b = pred_a == labels_a, pred_b == labels_a
     test, boot = mcnemar_exact(correct_a, correct_b), paired_bootstrap(correct_a, correct_b, seed=seed)
-    return {"task": task, "model_a": models[0], "model_b": models[1], "seed": seed, "acc_a": correct_a.mean(),
-            "acc_b": correct_b.mean(), **test, "low": boot["low"], "high": boot["high"],
+    return {"task": task, "model_a": models[0], "model_b": models[1], "seed": seed, "acc_a": float(correct_a.mean()),
+            "acc_b": float(correct_b.mean()), **test, "low": boot["low"], "high": boot["high"],
             "correlation": correctness_correlation(correct_a, correct_b), **standard_errors(correct_a, correct_b)}
 
 
