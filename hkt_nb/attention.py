@@ -8,19 +8,18 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
-from numbers import Real
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .downsampling import Pyramid, check_bool, check_int
+from .downsampling import Pyramid, check_bool, check_dropout, check_heads, check_int
 
 # %% auto #0
-__all__ = ['check_attention_inputs', 'check_dropout', 'check_heads', 'split_heads', 'merge_heads', 'attention_mask',
-           'level_scores', 'upsample_index', 'upsample_tokens', 'upsample_scores', 'fuse_scores', 'masked_attention',
-           'hybrid_mix', 'fused_queries_keys', 'add_to_class', 'HKTScores', 'HierarchicalAttention', 'lambdas', 'gates',
-           'level_queries_keys', 'causal_value_conv', 'scores', 'forward', 'from_mha', 'MultiHeadAttention']
+__all__ = ['check_attention_inputs', 'split_heads', 'merge_heads', 'attention_mask', 'level_scores', 'upsample_index',
+           'upsample_tokens', 'upsample_scores', 'fuse_scores', 'masked_attention', 'hybrid_mix', 'fused_queries_keys',
+           'add_to_class', 'HKTScores', 'HierarchicalAttention', 'lambdas', 'gates', 'level_queries_keys',
+           'causal_value_conv', 'scores', 'forward', 'from_mha', 'MultiHeadAttention']
 
 # %% ../nbs/02_attention.ipynb #f49d9afc
 def check_attention_inputs(
@@ -53,28 +52,6 @@ def check_attention_inputs(
     if (key_padding_mask[:, :-1] & ~key_padding_mask[:, 1:]).any():
         raise ValueError("key_padding_mask must be right padding (True only after the last real token): "
                          "coarse levels summarise contiguous blocks")
-
-
-def check_dropout(
-    name: str,  # the argument's name, quoted in the error
-    value,  # the probability to check
-) -> float:  # `value` as a float
-    "Check a dropout probability: a real number in [0, 1). Raises `TypeError` / `ValueError` naming `name`."
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a probability in [0, 1), got {value!r} ({type(value).__name__})")
-    if not 0 <= value < 1:
-        raise ValueError(f"{name} must be a probability in [0, 1), got {value}")
-    return float(value)
-
-
-def check_heads(
-    d_model: int,  # model width D >= 1
-    n_heads: int,  # number of heads H, 1 <= H <= D, dividing D
-) -> None:
-    "Check `d_model` and `n_heads` (H divides D). Raises `TypeError` / `ValueError` naming the argument."
-    check_int("d_model", d_model, 1), check_int("n_heads", n_heads, 1, d_model)
-    if d_model % n_heads:
-        raise ValueError(f"n_heads must divide d_model={d_model}, got n_heads={n_heads}")
 
 # %% ../nbs/02_attention.ipynb #784cee0f
 def split_heads(
@@ -123,7 +100,8 @@ def level_scores(
     """Eq. (1): $S^{(l)} = (Q^{(l)} / \sqrt d)\, K^{(l)\top}$, scaled before the product and formed in float32 (or
     the inputs' wider dtype) outside autocast, so float16 activations do not overflow."""
     dtype = torch.promote_types(q.dtype, torch.float32)
-    autocast_off = torch.autocast(q.device.type, enabled=False) if torch.is_autocast_enabled(q.device.type) else nullcontext()
+    autocast_on = q.device.type != "meta" and torch.is_autocast_enabled(q.device.type)  # meta has no autocast
+    autocast_off = torch.autocast(q.device.type, enabled=False) if autocast_on else nullcontext()
     with autocast_off:
         return (q.to(dtype) / math.sqrt(q.shape[-1])) @ k.to(dtype).transpose(-1, -2)
 

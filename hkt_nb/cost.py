@@ -5,7 +5,6 @@
 # %% ../nbs/10_cost.ipynb #25ece1d1
 from __future__ import annotations
 
-import math
 from contextlib import nullcontext
 
 import torch

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 # %% auto #0
-__all__ = ['check_int', 'check_bool', 'level_lengths', 'CausalDownsample', 'coarsen_padding_mask', 'Pyramid', 'receptive_field']
+__all__ = ['check_int', 'check_bool', 'check_dropout', 'check_heads', 'level_lengths', 'CausalDownsample', 'coarsen_padding_mask',
+           'Pyramid', 'receptive_field']
 
 # %% ../nbs/01_downsampling.ipynb #736a0f88
 def check_int(
@@ -38,6 +39,31 @@ def check_bool(
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
     return value
+
+# %% ../nbs/01_downsampling.ipynb #beb8722e
+from numbers import Real
+
+
+def check_dropout(
+    name: str,  # the argument's name, quoted in the error
+    value,  # the probability to check
+) -> float:  # `value` as a float
+    "Check a dropout probability: a real number in [0, 1). Raises `TypeError` / `ValueError` naming `name`."
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a probability in [0, 1), got {value!r} ({type(value).__name__})")
+    if not 0 <= value < 1:
+        raise ValueError(f"{name} must be a probability in [0, 1), got {value}")
+    return float(value)
+
+
+def check_heads(
+    d_model: int,  # model width D >= 1
+    n_heads: int,  # number of heads H, 1 <= H <= D, dividing D
+) -> None:
+    "Check `d_model` and `n_heads` (H divides D). Raises `TypeError` / `ValueError` naming the argument."
+    check_int("d_model", d_model, 1), check_int("n_heads", n_heads, 1, d_model)
+    if d_model % n_heads:
+        raise ValueError(f"n_heads must divide d_model={d_model}, got n_heads={n_heads}")
 
 # %% ../nbs/01_downsampling.ipynb #ab6e70d0
 def level_lengths(

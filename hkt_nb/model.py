@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from torch import nn
 
-from .attention import HierarchicalAttention, MultiHeadAttention, check_dropout, check_heads
-from .downsampling import check_bool, check_int
+from .attention import HierarchicalAttention, MultiHeadAttention
+from .downsampling import check_bool, check_dropout, check_heads, check_int
 
 # %% auto #0
 __all__ = ['ClassifierConfig', 'make_attention', 'EncoderBlock', 'masked_mean', 'HKTClassifier', 'count_parameters',
@@ -41,11 +41,12 @@ class ClassifierConfig:
     def __post_init__(self):
         if self.attention not in ("hkt", "mha"):
             raise ValueError(f'attention must be "hkt" or "mha", got {self.attention!r}')
+        check_heads(self.d_model, self.n_heads)
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
         for name in ("vocab_size", "n_classes", "max_len", "n_layers", "d_ff", "n_levels", "conv_kernel_size"):
             check_int(name, getattr(self, name), 1)
-        check_heads(self.d_model, self.n_heads), check_int("stride", self.stride, 2)
+        check_int("stride", self.stride, 2)
         if self.kernel_size is not None:
             check_int("kernel_size", self.kernel_size, self.stride)
         check_dropout("dropout", self.dropout), check_dropout("attn_dropout", self.attn_dropout)
