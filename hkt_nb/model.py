@@ -10,12 +10,12 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from torch import nn
 
-from .attention import HierarchicalAttention, MultiHeadAttention
+from .attention import HierarchicalAttention, MultiHeadAttention, add_to_class
 from .downsampling import check_bool, check_dropout, check_heads, check_int
 
 # %% auto #0
-__all__ = ['ClassifierConfig', 'make_attention', 'EncoderBlock', 'masked_mean', 'HKTClassifier', 'count_parameters',
-           'match_parameters', 'matched_mha_config']
+__all__ = ['ClassifierConfig', 'make_attention', 'EncoderBlock', 'masked_mean', 'HKTClassifier', 'forward', 'attention_layers',
+           'from_checkpoint', 'count_parameters', 'match_parameters', 'matched_mha_config']
 
 # %% ../nbs/03_model.ipynb #8bc3ea26
 @dataclass
@@ -67,8 +67,10 @@ class EncoderBlock(nn.Module):
     """Pre-norm Transformer block: x + Attn(LN(x)), then x + MLP(LN(x)) (Xiong et al. 2020).
     `forward(x, key_padding_mask=None, impl="fused")`: (B, T, D) -> (B, T, D)."""
 
-    def __init__(self, cfg: ClassifierConfig):
+    def __init__(self, cfg: ClassifierConfig):  # the model's hyper-parameters
         super().__init__()
+        if not isinstance(cfg, ClassifierConfig):
+            raise TypeError(f"cfg must be a ClassifierConfig, got {type(cfg).__name__}")
         self.norm1, self.norm2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
         self.attn = make_attention(cfg)
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Dropout(cfg.dropout),
@@ -80,7 +82,10 @@ class EncoderBlock(nn.Module):
         return x + self.drop(self.mlp(self.norm2(x)))
 
 # %% ../nbs/03_model.ipynb #cb5e5fa7
-def masked_mean(x: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+def masked_mean(
+    x: torch.Tensor,  # (B, T, D)
+    key_padding_mask: torch.Tensor | None,  # None or (B, T) bool, True = padding
+) -> torch.Tensor:  # (B, D)
     """Mean over time of x (B, T, D) over real positions (key_padding_mask True = padding) -> (B, D).
     A fully padded row gives zeros."""
     if key_padding_mask is None:
@@ -121,30 +126,37 @@ class HKTClassifier(nn.Module):
         if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.cfg.vocab_size):
             raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), got [{int(input_ids.min())}, {int(input_ids.max())}]")
 
-    def forward(self, input_ids: torch.Tensor, key_padding_mask: torch.Tensor | None = None, impl: str = "fused"):
-        self._check(input_ids)
-        pos = torch.arange(input_ids.shape[1], device=input_ids.device)
-        x = self.drop(self.tok_emb(input_ids) + self.pos_emb(pos))
-        for block in self.blocks:
-            x = block(x, key_padding_mask, impl=impl)
-        return self.head(masked_mean(self.norm(x), key_padding_mask))
+# %% ../nbs/03_model.ipynb #3d80f3ce
+@add_to_class(HKTClassifier)
+def forward(self, input_ids: torch.Tensor, key_padding_mask: torch.Tensor | None = None, impl: str = "fused"):
+    "Logits (B, n_classes) of input_ids (B, T); see the class docstring for the checks and errors."
+    self._check(input_ids)
+    pos = torch.arange(input_ids.shape[1], device=input_ids.device)
+    x = self.drop(self.tok_emb(input_ids) + self.pos_emb(pos))
+    for block in self.blocks:
+        x = block(x, key_padding_mask, impl=impl)
+    return self.head(masked_mean(self.norm(x), key_padding_mask))
 
-    def attention_layers(self) -> list[nn.Module]:
-        "The attention module of each block, in order (to read lambdas, gates and score maps)."
-        return [b.attn for b in self.blocks]
 
-    @classmethod
-    def from_checkpoint(cls, path, map_location="cpu") -> "HKTClassifier":
-        """The model saved in a checkpoint file `path` (a dict with "config", the `ClassifierConfig` fields, and
-        "state_dict"; the training chapter's `results/checkpoints/<run>.pt`), in eval mode.
-        Raises `FileNotFoundError` when `path` does not exist. Loads with `weights_only=True` (no pickled code)."""
-        import os
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{path} not found: train with save_model=True (the cpu and paper presets do)")
-        blob = torch.load(path, map_location=map_location, weights_only=True)
-        model = cls(ClassifierConfig(**blob["config"]))
-        model.load_state_dict(blob["state_dict"])
-        return model.eval()
+@add_to_class(HKTClassifier)
+def attention_layers(self) -> list[nn.Module]:
+    "The attention module of each block, in order (to read lambdas, gates and score maps)."
+    return [b.attn for b in self.blocks]
+
+# %% ../nbs/03_model.ipynb #89d46c43
+@add_to_class(HKTClassifier)
+@classmethod
+def from_checkpoint(cls, path, map_location="cpu") -> "HKTClassifier":
+    """The model saved in a checkpoint file `path` (a dict with "config", the `ClassifierConfig` fields, and
+    "state_dict"; the training chapter's `results/checkpoints/<run>.pt`), in eval mode.
+    Raises `FileNotFoundError` when `path` does not exist. Loads with `weights_only=True` (no pickled code)."""
+    import os
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found: train with save_model=True (the cpu and paper presets do)")
+    blob = torch.load(path, map_location=map_location, weights_only=True)
+    model = cls(ClassifierConfig(**blob["config"]))
+    model.load_state_dict(blob["state_dict"])
+    return model.eval()
 
 # %% ../nbs/03_model.ipynb #f5a8f3a8
 def count_parameters(cfg_or_model) -> int:
