@@ -6,7 +6,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hkt_nb.attention import HierarchicalAttention, MultiHeadAttention, upsample_index, upsample_scores
+from hkt_nb.attention import (
+    HierarchicalAttention,
+    MultiHeadAttention,
+    upsample_index,
+    upsample_scores,
+)
 
 f64 = torch.float64
 
