@@ -6,7 +6,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hkt_nb.attention import HierarchicalAttention, MultiHeadAttention, upsample_index, upsample_scores
+from hkt_nb.attention import (
+    HierarchicalAttention,
+    MultiHeadAttention,
+    upsample_index,
+    upsample_scores,
+)
 
 f64 = torch.float64
 
@@ -199,5 +204,5 @@ def test_bad_inputs_raise_clear_errors(cls):
         layer(x, impl="flash")
     with pytest.raises(ValueError, match="T = 0"):
         layer(torch.randn(2, 0, 16))
-    with pytest.raises(ValueError, match="divisible"):
+    with pytest.raises(ValueError, match="n_heads must divide"):
         cls(10, 4)

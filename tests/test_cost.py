@@ -3,8 +3,15 @@ import pytest
 import torch
 
 from hkt_nb.attention import HierarchicalAttention, MultiHeadAttention
-from hkt_nb.cost import (count_flops, flop_counter_excess, hkt_flops, mha_flops, saved_tensor_bytes, score_cost_ratio,
-                         score_flops)
+from hkt_nb.cost import (
+    count_flops,
+    flop_counter_excess,
+    hkt_flops,
+    mha_flops,
+    saved_tensor_bytes,
+    score_cost_ratio,
+    score_flops,
+)
 
 
 def test_score_cost_ratio_known_values():

@@ -2,7 +2,12 @@
 import pytest
 import torch
 
-from hkt_nb.downsampling import CausalDownsample, Pyramid, level_lengths, receptive_field
+from hkt_nb.downsampling import (
+    CausalDownsample,
+    Pyramid,
+    level_lengths,
+    receptive_field,
+)
 
 
 def test_level_lengths_known_values():

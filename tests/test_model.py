@@ -3,7 +3,13 @@ import pytest
 import torch
 
 from hkt_nb.cost import score_cost_ratio
-from hkt_nb.model import ClassifierConfig, HKTClassifier, count_parameters, masked_mean, matched_mha_config
+from hkt_nb.model import (
+    ClassifierConfig,
+    HKTClassifier,
+    count_parameters,
+    masked_mean,
+    matched_mha_config,
+)
 
 
 def test_score_cost_ratio_known_values():
