@@ -12,7 +12,6 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pytest
-import torch
 
 from hkt_nb.lra import benchmarks, listops
 from hkt_nb.lra.benchmarks import (
@@ -26,7 +25,12 @@ from hkt_nb.lra.benchmarks import (
 )
 from hkt_nb.lra.config import TASKS, TrainConfig, get_preset
 from hkt_nb.lra.loop import train
-from hkt_nb.lra.runs import check_experiment_parameters, finished_run, parse_args, warn_if_slow
+from hkt_nb.lra.runs import (
+    check_experiment_parameters,
+    finished_run,
+    parse_args,
+    warn_if_slow,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("HKT_DATA_DIR") or REPO.parent / "shared" / "data")
@@ -308,3 +312,11 @@ def test_execution_only_fields_never_make_a_run_stale(tmp_path):
     record["config"]["train"]["lr"] = 0.5  # result-relevant
     (tmp_path / source.name).write_text(json.dumps(record))
     assert finished_run("listops", "hkt", "cpu", 0, tmp_path) is None
+
+
+@pytest.mark.parametrize("argument", ["n_examples", "min_length", "max_length", "max_depth", "max_args"])
+def test_make_listops_names_a_non_integer_argument(argument):
+    arguments = dict(n_examples=3, min_length=3, max_length=9, max_depth=3, max_args=3)
+    arguments[argument] = str(arguments[argument])
+    with pytest.raises(TypeError, match=argument):
+        listops.make_listops(arguments.pop("n_examples"), **arguments, num_proc=1)
