@@ -20,8 +20,8 @@ def steps_per_s(model: str, threads: int, steps: int, queue) -> None:
     import torch
     import torch.nn.functional as F
     torch.set_num_threads(threads)
+    from hkt_nb.lra.config import build_config, get_preset
     from hkt_nb.model import HKTClassifier
-    from hkt_nb.train import build_config, get_preset
     cfg = build_config("listops", model, get_preset("cpu"), 16, 10)
     net = HKTClassifier(cfg)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)

@@ -24,7 +24,7 @@ PLAN = [("listops", m) for m in ("hkt", "mha", "hkt_l1", "hkt_l2")] + \
 
 def queue(preset: str, only: set[str] | None, results_dir: Path) -> list[tuple[str, str, int]]:
     "The runs still to do: every (task, model, seed) of PLAN without a finished results JSON, ListOps first."
-    from hkt_nb.train import finished_run
+    from hkt_nb.lra.runs import finished_run
     todo = []
     for seed in SEEDS:                      # seed-major inside a task: three seeds of a pair beat six of one
         for task, model in PLAN:
@@ -56,7 +56,7 @@ def main() -> None:
         while todo and len(running) < a.jobs:
             task, model, seed = todo.pop(0)
             name = f"{task}-{model}-{a.preset}-seed{seed}"
-            cmd = [sys.executable, "-m", "hkt_nb.train", "--task", task, "--model", model, "--preset", a.preset,
+            cmd = [sys.executable, "-m", "hkt_nb.lra.runs", "--task", task, "--model", model, "--preset", a.preset,
                    "--seed", str(seed), "--device", "cpu", "--threads", str(a.threads), "--no-progress",
                    "--results-dir", str(results_dir)]
             log = open(results_dir / "logs" / f"{name}.log", "a")

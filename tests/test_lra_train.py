@@ -1,4 +1,4 @@
-"""Tests of hkt_nb.train: schedule, optimiser groups, parameter matching, results JSON, exact resume, DDP."""
+"""Tests of hkt_nb.lra.config, .loop and .runs: schedule, optimiser groups, parameter matching, results JSON, exact resume, DDP."""
 import json
 import os
 import subprocess
@@ -8,9 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from hkt_nb.model import ClassifierConfig, count_parameters
-from hkt_nb.train import (PRESETS, TASKS, amp_dtype, build_config, evaluate, load_trained, lr_factor, param_groups,
-                          parse_args, resolve_device, run_name, synthetic_benchmark, train)
+from hkt_nb.lra.benchmarks import make_dataloader, synthetic_benchmark
+from hkt_nb.lra.config import PRESETS, TASKS, build_config, run_name
+from hkt_nb.lra.loop import (
+    amp_dtype,
+    evaluate,
+    lr_factor,
+    param_groups,
+    resolve_device,
+    train,
+)
+from hkt_nb.lra.runs import parse_args
+from hkt_nb.model import ClassifierConfig, HKTClassifier, count_parameters
 
 TIMING = ("train_time_s", "train_examples_per_s")
 
@@ -107,9 +116,8 @@ def test_results_json_schema_and_values(smoke_run):
 
 
 def test_test_accuracy_is_that_of_the_saved_best_model(smoke_run, one_thread):
-    from hkt_nb.data import make_dataloader
     d, r = smoke_run
-    net = load_trained(d / "results" / r["model_path"])
+    net = HKTClassifier.from_checkpoint(d / "results" / r["model_path"])
     assert net.cfg.to_dict() == r["config"]["model"]
     torch.testing.assert_close(net.blocks[0].attn.lambdas, torch.tensor(r["lambdas"][0]))
     test = synthetic_benchmark()["test"]
@@ -144,12 +152,13 @@ def test_resume_refuses_a_different_configuration(tmp_path, one_thread):
     assert r["complete"] and r["config"]["model"]["d_model"] == 16
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_gloo_matches_single_process(tmp_path, smoke_run):
     """torchrun with 2 CPU processes: each takes half of every batch (DistributedSampler), gradients are averaged,
     so without dropout the run equals the single-process one up to rounding."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-           "-m", "hkt_nb.train", "--task", "synthetic", "--model", "hkt", "--preset", "smoke", "--seed", "0",
+           "-m", "hkt_nb.lra.runs", "--task", "synthetic", "--model", "hkt", "--preset", "smoke", "--seed", "0",
            "--device", "cpu", "--results-dir", str(tmp_path / "results"), "--checkpoint-dir", str(tmp_path / "c"),
            "--no-progress"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
@@ -193,6 +202,7 @@ def test_device_and_precision_choice():
         assert resolve_device("auto") == torch.device("cpu")
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_loses_no_finished_epoch(tmp_path, one_thread):
     """A real kill: SIGKILL the CLI once its first epoch is checkpointed, rerun the same command, and compare
     with an uninterrupted run (same seed, one thread): every epoch's metrics and the test accuracy agree."""
@@ -201,7 +211,7 @@ def test_resume_after_sigkill_loses_no_finished_epoch(tmp_path, one_thread):
 
     epochs = 12
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    cmd = [sys.executable, "-m", "hkt_nb.train", "--task", "synthetic", "--model", "hkt", "--preset", "smoke",
+    cmd = [sys.executable, "-m", "hkt_nb.lra.runs", "--task", "synthetic", "--model", "hkt", "--preset", "smoke",
            "--seed", "5", "--device", "cpu", "--epochs", str(epochs), "--threads", "1", "--no-progress",
            "--results-dir", str(tmp_path / "r"), "--checkpoint-dir", str(tmp_path / "c")]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
