@@ -80,6 +80,7 @@ def test_other_public_functions_check_arguments():
 
 
 def randomised_mha(bias=True, dropout=0.0, D=16, H=4):
+    "A float64 MHA with every parameter N(0, 0.3^2) (biases too), so no term of the twin is accidentally zero."
     mha = nn.MultiheadAttention(D, H, bias=bias, dropout=dropout, batch_first=True).double()
     with torch.no_grad():
         for p in mha.parameters():
@@ -87,12 +88,8 @@ def randomised_mha(bias=True, dropout=0.0, D=16, H=4):
     return mha
 
 
-def padded_batch(B=3, T=13, D=16, lengths=(13, 9, 2)):
-    return torch.randn(B, T, D, dtype=f64), torch.arange(T)[None] >= torch.tensor(lengths)[:, None]
-
-
 @pytest.mark.parametrize("training", [False, True])
-def test_from_mha_copies_mode(training):
+def test_from_mha_copies_mode(training, padded_batch):
     mha = randomised_mha(dropout=0.1).train(training)
     layer = HierarchicalAttention.from_mha(mha)
     assert layer.training == training and layer.dropout == 0.1
@@ -103,7 +100,7 @@ def test_from_mha_copies_mode(training):
 
 
 @pytest.mark.parametrize("n_levels,stride,bias", [(3, 2, True), (2, 3, False), (4, 2, True), (1, 2, True)])
-def test_from_mha_is_a_trainable_twin(n_levels, stride, bias):
+def test_from_mha_is_a_trainable_twin(n_levels, stride, bias, padded_batch):
     mha = randomised_mha(bias=bias)
     layer = HierarchicalAttention.from_mha(mha, n_levels=n_levels, stride=stride)
     x, kpm = padded_batch()
@@ -133,7 +130,7 @@ def test_from_mha_float32_equals_to_rounding():
     torch.testing.assert_close(layer(x), ref, rtol=1e-5, atol=1e-6)
 
 
-def test_from_mha_causal():
+def test_from_mha_causal(padded_batch):
     mha = randomised_mha()
     layer = HierarchicalAttention.from_mha(mha, causal=True, kernel_size=3)
     assert layer.causal
