@@ -25,7 +25,7 @@ BOOK_HTML := _build/_build/html
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: setup.py settings.ini | $(BIN)/python
+$(VENV)/.installed: setup.py settings.ini pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install $(TORCH_SPEC)
 	$(BIN)/python -m pip install -e ".[$(EXTRAS)]"
 	$(BIN)/python -m pip check
