@@ -93,12 +93,13 @@ def subset_toc(toc: dict, pages: list[str]) -> dict:
 
 def translate_cell(cell) -> None:
     "Map the leading nbdev directives of one code cell to tags and strip them from its source (in place)."
-    directives = extract_directives(nbformat.NotebookNode(source=cell.source), remove=False)
+    lines = cell.source.splitlines(True)
+    first = first_code_ln(lines)  # nbdev's split: leading directives (and cell magics), then code
+    first = len(lines) if first is None else first
+    leading = "".join(line for line in lines[:first] if not MAGIC.match(line))
+    directives = extract_directives(nbformat.NotebookNode(source=leading), remove=False)
     if not directives:
         return
-    lines = cell.source.splitlines(True)
-    first = first_code_ln(lines)
-    first = len(lines) if first is None else first
     tags = list(cell.metadata.get("tags", []))
     for name, args in directives.items():
         tag = directive_tag(name, args)
