@@ -81,3 +81,27 @@ def test_every_chapter_translates(build_book, chapter):
     for cell in notebook.cells:
         if cell.cell_type == "code":
             assert extract_directives(nbformat.NotebookNode(source=cell.source), remove=False) == {}, cell.source[:80]
+
+
+def load_tag_cells():
+    spec = importlib.util.spec_from_file_location("tag_cells", ROOT / "scripts" / "tag_cells.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("source, tags, hide", [
+    ('rows = [{"model": m} for m in models]\npd.DataFrame(rows).round(2)', [], True),
+    ('thr = sel.groupby(["task"])["x"].mean().unstack("model")\nthr.round(1)', [], True),
+    ("def table(rows):\n    print(f\"{'T':>6} {'L':>2}\")", [], True),
+    ('df = pd.DataFrame(rows)\nassert len(df) == 3', [], False),            # an example-test teaches
+    ('#| export\ndef summary(rows):\n    return pd.DataFrame(rows)', [], False),
+    ('#| echo: false\npd.DataFrame(rows)', [], False),                      # already hidden
+    ('pd.DataFrame(rows)', ["hide-input"], False),
+    ('preset = "smoke"', ["parameters"], False),
+    ('fig, ax = plt.subplots()\nax.plot(pd.DataFrame(h)["loss"])', [], False),  # figures: the owner's choice
+    ('x = layer(x)\nprint(x.shape)', [], False),
+])
+def test_tag_cells_hides_only_table_reshaping_code(source, tags, hide):
+    cell = nbformat.v4.new_code_cell(source, metadata={"tags": tags} if tags else {})
+    assert load_tag_cells().reshapes_a_table(cell) is hide
