@@ -16,14 +16,18 @@ HKT_DATA_DIR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 export HKT_DATA_DIR
 export PYTHONHASHSEED := 0
 
-.PHONY: install book test chapters check-sync pytest nbtest book-build clean
+# the extras the chapters and the tests need (declared once, in settings.ini; README "Install")
+EXTRAS ?= lra,theory,book,dev
+BOOK_HTML := _build/_build/html
+
+.PHONY: install book test chapters check-sync lint pytest nbtest browser-test book-build clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: setup.py settings.ini | $(BIN)/python
+$(VENV)/.installed: setup.py settings.ini pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install $(TORCH_SPEC)
-	$(BIN)/python -m pip install -e ".[dev]"
+	$(BIN)/python -m pip install -e ".[$(EXTRAS)]"
 	$(BIN)/python -m pip check
 	touch $@
 
@@ -47,19 +51,28 @@ chapters: install
 check-sync: install
 	BIN=$(BIN) scripts/check_sync.sh
 
+## lint: ruff (unused imports, redefinitions, unused locals, import order; pyproject.toml) over the library
+lint: install
+	$(BIN)/ruff check hkt_nb
+
 pytest: install
 	MPLBACKEND=Agg $(BIN)/python -m pytest -q tests
+
+## browser-test: open every page of the built book in headless Chromium (after `make book`)
+browser-test: install
+	HKT_BOOK_HTML=$(BOOK_HTML) HKT_REQUIRE_BOOK=1 $(BIN)/python -m pytest -q -rs tests/test_pkg_browser.py
 
 nbtest: install
 	MPLBACKEND=Agg OMP_NUM_THREADS=1 $(BIN)/nbdev_test --skip_file_re '^0[6-8]_'  # 2 workers x 1 thread on 2 cores
 
-## test: the whole suite (what CI runs): sync checks, library tests, the experiment chapters with the
-## smoke preset (first: the results chapter needs runs to read), notebook tests, and the book build with
-## warnings as errors
-test: check-sync pytest
+## test: the whole suite (what CI runs): sync checks, ruff, library tests (slow ones included), the
+## experiment chapters with the smoke preset (first: the results chapter needs runs to read), notebook
+## tests, the book build with warnings as errors, and the book opened in headless Chromium
+test: check-sync lint pytest
 	$(MAKE) chapters PRESET=smoke
 	$(MAKE) nbtest
 	$(MAKE) book PRESET=smoke
+	$(MAKE) browser-test
 
 clean:
 	rm -rf _build _proc _docs build dist *.egg-info results/chapters/smoke

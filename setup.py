@@ -1,26 +1,31 @@
-"""Packaging for hkt_nb: reads its metadata from settings.ini (nbdev 2 layout).
+"""Packaging for hkt_nb: every piece of metadata is read from settings.ini (nbdev 2 layout), the one place
+where the version, the requirements, the extras and the repository address are written.
 
-The wheel holds only the library `hkt_nb/`; notebooks, data and results stay in the repo.
-Extras: `plot` (matplotlib, seaborn, pandas) and `dev` (nbdev, jupyter-book, papermill, ...).
+- `requirements` -> install_requires (the core layer: torch and numpy only);
+- every other `<name>_requirements` key -> the extra `<name>` (lra, theory, book, dev), plus `all`;
+- `git_url`, `doc_host` + `doc_baseurl`, `paper_url` -> the project URLs.
+The licence (SPDX expression and LICENSE file) and `requires-python` are static in pyproject.toml.
+The wheel holds only the library `hkt_nb/` (and its `py.typed` marker); MANIFEST.in says what the sdist holds.
 """
 from configparser import ConfigParser
 
 import setuptools
 
-cfg = ConfigParser(delimiters=["="])
-cfg.read("settings.ini", encoding="utf-8")
-cfg = cfg["DEFAULT"]
+parser = ConfigParser(delimiters=["="])
+parser.read("settings.ini", encoding="utf-8")
+cfg = parser["DEFAULT"]
 
-licenses = {"apache2": ("Apache Software License 2.0", "OSI Approved :: Apache Software License")}
-statuses = ["Planning", "Pre-Alpha", "Alpha", "Beta", "Production/Stable", "Mature", "Inactive"]
-lic = licenses[cfg["license"]]
-min_python = cfg["min_python"]
-py_versions = ["3.10", "3.11", "3.12", "3.13"]
+STATUSES = ["1 - Planning", "2 - Pre-Alpha", "3 - Alpha", "4 - Beta", "5 - Production/Stable", "6 - Mature"]
+PY_VERSIONS = ["3.10", "3.11", "3.12", "3.13"]  # the release workflow tests the wheel on the first and the last
 
-requirements = cfg.get("requirements", "").split()
-plot_requirements = cfg.get("plot_requirements", "").split()
-dev_requirements = cfg.get("dev_requirements", "").split()
-console_scripts = [s for s in cfg.get("console_scripts", "").split() if s]
+
+def requirement_list(key: str) -> list[str]:
+    return cfg.get(key, "").split()
+
+
+extras = {key[: -len("_requirements")]: requirement_list(key) for key in cfg if key.endswith("_requirements")}
+extras["all"] = sorted({req for reqs in extras.values() for req in reqs})
+docs_url = cfg["doc_host"].rstrip("/") + cfg["doc_baseurl"].rstrip("/") + "/"
 
 setuptools.setup(
     name=cfg["lib_name"],
@@ -28,25 +33,35 @@ setuptools.setup(
     description=cfg["description"],
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    url=cfg["git_url"],
+    url=docs_url,
+    project_urls={
+        "Documentation": docs_url,
+        "Source": cfg["git_url"],
+        "Issues": cfg["git_url"] + "/issues",
+        "Paper": cfg["paper_url"],
+    },
     author=cfg["author"],
     author_email=cfg["author_email"],
-    license=lic[0],
     keywords=cfg["keywords"],
     classifiers=[
-        "Development Status :: " + f"{int(cfg['status']) + 1} - {statuses[int(cfg['status'])]}",
+        f"Development Status :: {STATUSES[int(cfg['status'])]}",
         "Intended Audience :: Developers",
         "Intended Audience :: Science/Research",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
-        "License :: " + lic[1],
         "Natural Language :: English",
+        "Operating System :: OS Independent",
+        "Programming Language :: Python :: 3 :: Only",
+        "Typing :: Typed",
     ]
-    + [f"Programming Language :: Python :: {v}" for v in py_versions[py_versions.index(min_python):]],
+    + [f"Programming Language :: Python :: {v}" for v in PY_VERSIONS[PY_VERSIONS.index(cfg["min_python"]):]],
     packages=setuptools.find_packages(include=["hkt_nb", "hkt_nb.*"]),
+    package_data={"hkt_nb": ["py.typed"]},
     include_package_data=False,
-    install_requires=requirements,
-    extras_require={"plot": plot_requirements, "dev": dev_requirements + plot_requirements},
-    python_requires=">=" + min_python,
+    install_requires=requirement_list("requirements"),
+    extras_require=extras,
     zip_safe=False,
-    entry_points={"console_scripts": console_scripts, "nbdev": [f"{cfg['lib_path']}={cfg['lib_path']}._modidx:d"]},
+    entry_points={
+        "console_scripts": cfg.get("console_scripts", "").split(),
+        "nbdev": [f"{cfg['lib_path']}={cfg['lib_path']}._modidx:d"],
+    },
 )

@@ -1,15 +1,21 @@
 """Build the HTML book from the chapters in nbs/.
 
-1. Copy every chapter listed in _toc.yml to _build/book_src/ (same relative paths), mapping nbdev
-   directives to Jupyter Book cell tags and removing the `#|` lines, so the book never shows them.
+1. Copy every chapter listed in _toc.yml to _build/book_src/ (same relative paths), reading each code
+   cell's nbdev directives with nbdev's own parser (`nbdev.process.extract_directives`, so the book and the
+   library always agree on what is a directive: `#| hide`, `# | hide`, `#| hide:`, `  #| echo: false`),
+   mapping them to Jupyter Book cell tags and removing them, so the book never shows them.
+   The book's _config.yml gets the repository address, branch and site address from settings.ini (the one
+   place they are written).
 2. Execute each copy with papermill (working directory nbs/, like nbdev_test). A failing cell stops
    the build with an error: no chapter is published without its outputs.
    Experiment chapters (EXPERIMENTS below) are not retrained here: the build
    takes the executed copy that `make chapters PRESET=...` wrote to results/chapters/<preset>/, the
    largest preset available (paper, then cpu, then smoke); with none, it executes them with --preset.
 3. Run `jupyter-book build` with warnings as errors; Jupyter Book itself executes nothing.
+4. Write a redirect page `<name>.html` for every chapter `nbs/NN_<name>.ipynb`: the links nbdev writes into
+   hkt_nb/_modidx.py (`<doc_host><doc_baseurl>/<name>.html#<symbol>`) then open the chapter's page.
 
-Usage: python scripts/build_book.py [--preset smoke] [--no-execute] [--keep-going]
+Usage: python scripts/build_book.py [--preset smoke] [--no-execute] [--pages nbs/00_index nbs/99_references]
 """
 from __future__ import annotations
 
@@ -24,14 +30,17 @@ from pathlib import Path
 
 import nbformat
 import yaml
+from nbdev.process import extract_directives, first_code_ln
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "_build" / "book_src"
 PRESETS_BY_PRIORITY = ("paper", "cpu", "smoke")
 
-# nbdev directive -> Jupyter Book tag (None: keep the cell as is, just drop the directive line)
+# nbdev directive -> Jupyter Book tag (None: keep the cell, just drop the directive line). Keys are nbdev's
+# directive names (`extract_directives` gives `echo:` for `#| echo: false`; the trailing colon is dropped).
 DIRECTIVE_TAGS = {
     "hide": "remove-cell",
+    "include: false": "remove-cell",
     "default_exp": "remove-cell",
     "exporti": "remove-cell",
     "export": None,
@@ -39,12 +48,11 @@ DIRECTIVE_TAGS = {
     "echo: false": "remove-input",
     "output: false": "remove-output",
     "eval: false": "skip-execution",
+    "code-fold: true": "hide-input",
     "notest": None,
     "slow": None,
 }
-DIRECTIVE = re.compile(r"^#\|\s*(.*?)\s*$")
-
-
+MAGIC = re.compile(r"^\s*%%\w+")  # a cell magic among the leading lines stays (nbdev keeps it too)
 def toc_files(toc_path: Path) -> list[str]:
     "All `file:` entries of a Jupyter Book 1 _toc.yml, root first."
     toc = yaml.safe_load(toc_path.read_text())
@@ -64,32 +72,90 @@ def toc_files(toc_path: Path) -> list[str]:
     return files
 
 
-def directive_tag(directive: str) -> str | None:
-    for key, tag in DIRECTIVE_TAGS.items():
-        if directive == key or directive.startswith(key + " ") or directive.replace(" ", "") == key.replace(" ", ""):
-            return tag
-    raise ValueError(f"unknown nbdev directive '#| {directive}': add it to DIRECTIVE_TAGS in {__file__}")
+def directive_tag(name: str, args: list[str]) -> str | None:
+    "The Jupyter Book tag of one nbdev directive (`name`, `args` as `extract_directives` returns them)."
+    name = name.rstrip(":")
+    for key in (f"{name}: {' '.join(args)}".lower(), name):
+        if key in DIRECTIVE_TAGS:
+            return DIRECTIVE_TAGS[key]
+    raise ValueError(f"unknown nbdev directive '#| {name} {' '.join(args)}': add it to DIRECTIVE_TAGS in {__file__}")
+
+
+def subset_toc(toc: dict, pages: list[str]) -> dict:
+    "The _toc.yml restricted to `pages` (parts left empty are dropped)."
+    parts = []
+    for part in toc.get("parts", []):
+        chapters = [c for c in part.get("chapters", []) if c.get("file") in pages]
+        if chapters:
+            parts.append({**part, "chapters": chapters})
+    return {**toc, "parts": parts} if parts else {k: v for k, v in toc.items() if k != "parts"}
+
+
+def translate_cell(cell) -> None:
+    "Map the leading nbdev directives of one code cell to tags and strip them from its source (in place)."
+    lines = cell.source.splitlines(True)
+    first = first_code_ln(lines)  # nbdev's split: leading directives (and cell magics), then code
+    first = len(lines) if first is None else first
+    leading = "".join(line for line in lines[:first] if not MAGIC.match(line))
+    directives = extract_directives(nbformat.NotebookNode(source=leading), remove=False)
+    if not directives:
+        return
+    tags = list(cell.metadata.get("tags", []))
+    for name, args in directives.items():
+        tag = directive_tag(name, args)
+        if tag and tag not in tags:
+            tags.append(tag)
+    cell.source = "".join([line for line in lines[:first] if MAGIC.match(line)] + lines[first:]).strip("\n")
+    if tags:
+        cell.metadata["tags"] = tags
 
 
 def translate(nb):
     "Map `#|` directives of code cells to tags and strip them from the source (in place)."
     for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        lines, tags = cell.source.splitlines(), list(cell.metadata.get("tags", []))
-        kept = []
-        for line in lines:
-            m = DIRECTIVE.match(line)
-            if m:
-                tag = directive_tag(m.group(1))
-                if tag and tag not in tags:
-                    tags.append(tag)
-            else:
-                kept.append(line)
-        cell.source = "\n".join(kept).strip("\n")
-        if tags:
-            cell.metadata["tags"] = tags
+        if cell.cell_type == "code":
+            translate_cell(cell)
     return nb
+
+
+def settings() -> dict[str, str]:
+    "The nbdev settings (settings.ini [DEFAULT]): the one place the repository address is written."
+    import configparser
+
+    parser = configparser.ConfigParser(delimiters=["="])
+    parser.read(ROOT / "settings.ini", encoding="utf-8")
+    return dict(parser["DEFAULT"])
+
+
+def book_config(config: dict, cfg: dict[str, str]) -> dict:
+    "_config.yml with the repository address, branch and site address taken from settings.ini."
+    config = dict(config)
+    config["repository"] = {**config.get("repository", {}), "url": cfg["git_url"], "branch": cfg["branch"]}
+    html = dict(config.get("html", {}))
+    html["baseurl"] = cfg["doc_host"].rstrip("/") + cfg["doc_baseurl"].rstrip("/") + "/"
+    config["html"] = html
+    return config
+
+
+def doc_page(name: str) -> str:
+    "The page name nbdev gives a notebook in _modidx links: `nbs/02_attention` -> `attention.html`."
+    return re.sub(r"^\d+[a-zA-Z0-9]*_", "", Path(name).name.lower()) + ".html"
+
+
+REDIRECT = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>Redirecting to {target}</title>
+<link rel="canonical" href="{target}"><meta http-equiv="refresh" content="0; url={target}">
+<script>location.replace("{target}" + location.hash);</script></head>
+<body><a href="{target}">{target}</a></body></html>
+"""
+
+
+def write_redirects(html_dir: Path, pages: list[str]) -> None:
+    "One `<name>.html` per chapter for nbdev's doc links (keeps the #symbol anchor)."
+    for name in pages:
+        stub = html_dir / doc_page(name)
+        if not stub.exists():
+            stub.write_text(REDIRECT.format(target=f"{name}.html"))
 
 
 # The training chapters (the Makefile's EXPERIMENTS): executed by `make chapters PRESET=...`, never retrained here.
@@ -129,14 +195,24 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="smoke", help="preset for experiment chapters with no executed copy")
     ap.add_argument("--no-execute", action="store_true", help="only prepare the sources (for debugging)")
+    ap.add_argument("--pages", nargs="+", help="build only these _toc.yml entries (e.g. nbs/00_index nbs/99_references)")
     args = ap.parse_args(argv)
+    pages = toc_files(ROOT / "_toc.yml")
+    if args.pages:
+        unknown = set(args.pages) - set(pages)
+        if unknown:
+            sys.exit(f"--pages: {sorted(unknown)} not in _toc.yml")
+        pages = [p for p in pages if p in args.pages or p == pages[0]]
 
     if SRC.exists():
         shutil.rmtree(SRC)
     SRC.mkdir(parents=True)
-    for f in ("_config.yml", "_toc.yml", "references.bib"):
-        shutil.copy(ROOT / f, SRC / f)
-    for name in toc_files(ROOT / "_toc.yml"):
+    config = book_config(yaml.safe_load((ROOT / "_config.yml").read_text()), settings())
+    (SRC / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    (SRC / "_toc.yml").write_text(yaml.safe_dump(subset_toc(yaml.safe_load((ROOT / "_toc.yml").read_text()), pages),
+                                                 sort_keys=False))
+    shutil.copy(ROOT / "references.bib", SRC / "references.bib")
+    for name in pages:
         src = ROOT / f"{name}.ipynb"
         if not src.exists():
             sys.exit(f"_toc.yml lists {name}, but {src} does not exist")
@@ -158,11 +234,12 @@ def main(argv=None):
             execute(dest)
     if args.no_execute:
         return
-    for name in toc_files(ROOT / "_toc.yml"):
+    for name in pages:
         check_figures(SRC / f"{name}.ipynb")
     cmd = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(SRC), "--path-output", str(ROOT / "_build"), "-W", "-n", "--keep-going"]
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)
+    write_redirects(ROOT / "_build" / "_build" / "html", pages)
     print(f"\nThe book is at {ROOT / '_build' / '_build' / 'html' / 'index.html'}")
 
 

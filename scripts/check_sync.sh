@@ -3,11 +3,13 @@
 # or when notebooks are not clean (nbdev_clean changes nbs/). Works on a dirty tree too:
 # it compares the files before and after, not against git.
 set -euo pipefail
-BIN=${BIN:-.venv/bin}
+# the nbdev tools: from $BIN when given (the Makefile's venv), else .venv/bin when it exists, else the PATH
+if [ -z "${BIN:-}" ] && [ -x .venv/bin/nbdev_export ]; then BIN=.venv/bin; fi
+tool() { if [ -n "${BIN:-}" ]; then "$BIN/$1"; else "$1"; fi; }
 snapshot() { find "$1" -type f \( -name '*.py' -o -name '*.ipynb' \) -not -path '*/.ipynb_checkpoints/*' -print0 | sort -z | xargs -0 sha256sum; }
 lib_before=$(snapshot hkt_nb); nbs_before=$(snapshot nbs)
-"$BIN/nbdev_export"
-"$BIN/nbdev_clean"
+tool nbdev_export
+tool nbdev_clean
 status=0
 if [ "$lib_before" != "$(snapshot hkt_nb)" ]; then
   echo "ERROR: hkt_nb/ was out of sync with nbs/ (nbdev_export has now rewritten it: review git diff hkt_nb). Library code is written only in"

@@ -1,14 +1,75 @@
+"""The one fixture set of the test suite (issue 8): every test module takes its fixtures from here.
+
+- `repo_root`: the repository root (a `Path`).
+- `data_dir`: the real IMDB / CIFAR-10 copies (`HKT_DATA_DIR`, else `../shared/data` beside the checkout);
+  the test is skipped with a reason when there is none.
+- `one_thread`: one torch thread for the test (deterministic, not slowed by other jobs on a 2-core machine).
+- autouse: torch seeded with 0 before every test; every cache (`HKT_CACHE_DIR`) in one temporary folder per
+  session, never the user's cache.
+Markers (registered in pyproject.toml): `slow` (> ~10 s; CI runs them, `-m "not slow"` skips them locally)
+and `cuda` (skipped without a CUDA GPU).
+"""
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(no_gpu)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+def find_data_dir() -> Path | None:
+    "The folder of the real datasets: `HKT_DATA_DIR`, else `../shared/data` beside this checkout, else None."
+    configured = os.environ.get("HKT_DATA_DIR")
+    if configured:
+        return Path(configured).resolve()
+    local = REPO_ROOT.parent / "shared" / "data"
+    return local if (local / "imdb").is_dir() else None
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    found = find_data_dir()
+    if found is None:
+        pytest.skip("real IMDB / CIFAR-10 data not available: set HKT_DATA_DIR to a folder with imdb/ and cifar10/ "
+                    "in the hub's parquet layout")
+    return found
+
+
+@pytest.fixture
+def one_thread():
+    "One torch thread: deterministic and not slowed down by other jobs on a shared 2-core machine."
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    "All caches go to one temporary folder per test session (never the user's cache)."
+    monkeypatch.setenv("HKT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "hkt_cache"))
 
 
 def _padded_batch(B=3, T=13, D=16, lengths=(13, 9, 2), dtype=torch.float64):

@@ -1,7 +1,6 @@
 """Tests for hkt_nb.lra.listops, .tokenize and .benchmarks: the ListOps generator (checked by an independent evaluator written here), the
 tokenisers, load_benchmark on the real IMDB / CIFAR-10 copies (skipped with a reason when no data folder is
 available) and the DataLoader."""
-import os
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,29 +16,6 @@ D = SimpleNamespace(**{**vars(listops), **vars(tokenize), **vars(benchmarks)})
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER = {k: D.LISTOPS_SETTINGS["paper"][k] for k in ("min_length", "max_length", "max_depth", "max_args")}
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path_factory, monkeypatch):
-    "All caches go to one temporary folder per test session (never the user's cache)."
-    monkeypatch.setenv("HKT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "hkt_cache"))
-
-
-def _find_data_dir():
-    d = os.environ.get("HKT_DATA_DIR")
-    if d:
-        return Path(d)
-    local = REPO.parent / "shared" / "data"  # the project's real copies, when this checkout sits beside them
-    return local if (local / "imdb").is_dir() else None
-
-
-@pytest.fixture(scope="session")
-def data_dir():
-    d = _find_data_dir()
-    if d is None:
-        pytest.skip("real IMDB / CIFAR-10 data not available: set HKT_DATA_DIR to a folder with imdb/ and cifar10/ "
-                    "in the hub's parquet layout")
-    return d
 
 
 # ---------------------------------------------------------------- an independent ListOps evaluator

@@ -24,15 +24,6 @@ from hkt_nb.model import ClassifierConfig, HKTClassifier, count_parameters
 TIMING = ("train_time_s", "train_examples_per_s")
 
 
-@pytest.fixture
-def one_thread():
-    "One torch thread: deterministic and not slowed down by other jobs on a shared 2-core machine."
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def untimed(history):
     return [{k: v for k, v in h.items() if k not in TIMING} for h in history]
 

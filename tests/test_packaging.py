@@ -1,18 +1,111 @@
-"""The wheel holds only the library: no notebooks, data, tests or results."""
+"""Packaging (issues 8 and 13): the wheel is built FROM the sdist, as pip and the release workflow do, and
+both are checked: the sdist holds what a build needs and no data or results; the wheel holds only the library;
+the metadata says what settings.ini says (core requirements torch and numpy, the extras, SPDX licence, URLs)."""
+import configparser
+import re
 import subprocess
 import sys
+import tarfile
 import zipfile
+from email.parser import Parser
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+NEVER_SHIPPED = (".ipynb", ".parquet", ".arrow", ".pt", ".npz", ".json", ".pyc")
 
 
-def test_wheel_contains_only_the_library(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path)], check=True, cwd=tmp_path)
-    (wheel,) = tmp_path.glob("hkt_nb-*.whl")
+def settings() -> configparser.SectionProxy:
+    parser = configparser.ConfigParser(delimiters=["="])
+    parser.read(ROOT / "settings.ini", encoding="utf-8")
+    return parser["DEFAULT"]
+
+
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory):
+    "`python -m build` with no target builds the sdist, then the wheel from the unpacked sdist."
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)], check=True,
+                   capture_output=True, text=True)
+    (sdist,) = out.glob("hkt_nb-*.tar.gz")
+    (wheel,) = out.glob("hkt_nb-*.whl")
+    return sdist, wheel
+
+
+@pytest.mark.slow
+def test_sdist_holds_what_a_build_needs_and_no_data(dists):
+    sdist, _ = dists
+    names = [name.split("/", 1)[1] for name in tarfile.open(sdist).getnames() if "/" in name]
+    for needed in ("settings.ini", "setup.py", "pyproject.toml", "README.md", "LICENSE", "CITATION.cff",
+                   "hkt_nb/__init__.py", "hkt_nb/py.typed"):
+        assert needed in names, needed
+    top = {name.split("/")[0] for name in names}
+    assert not top & {"nbs", "results", "tests", "scripts", "_build", "data", "checkpoints"}, top
+    assert not [name for name in names if name.endswith(NEVER_SHIPPED)]
+
+
+@pytest.mark.slow
+def test_wheel_from_sdist_holds_only_the_library(dists):
+    _, wheel = dists
     names = zipfile.ZipFile(wheel).namelist()
-    top = {n.split("/")[0] for n in names}
-    assert top <= {"hkt_nb", next(t for t in top if t.endswith(".dist-info"))}, top
-    assert "hkt_nb/attention.py" in names and "hkt_nb/model.py" in names
-    assert not any(n.endswith((".ipynb", ".parquet", ".json")) for n in names)
+    top = {name.split("/")[0] for name in names}
+    dist_info = next(t for t in top if t.endswith(".dist-info"))
+    assert top == {"hkt_nb", dist_info}, top
+    assert {"hkt_nb/attention.py", "hkt_nb/model.py", "hkt_nb/py.typed", f"{dist_info}/licenses/LICENSE"} <= set(names)
+    assert not [name for name in names if name.endswith(NEVER_SHIPPED)]
+
+
+@pytest.mark.slow
+def test_wheel_metadata_comes_from_settings(dists):
+    _, wheel = dists
+    archive = zipfile.ZipFile(wheel)
+    dist_info = next(n.split("/")[0] for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+    meta = Parser().parsestr(archive.read(f"{dist_info}/METADATA").decode())
+    cfg = settings()
+    assert meta["Version"] == cfg["version"]
+    assert meta["License-Expression"] == "Apache-2.0"
+    assert not [c for c in meta.get_all("Classifier") if c.startswith("License ::")]  # SPDX, not a classifier
+    assert meta["Requires-Python"] == f">={cfg['min_python']}"
+    core = sorted(r for r in meta.get_all("Requires-Dist") if "extra ==" not in r)
+    assert [re.split(r"[<>=;\s]", r)[0] for r in core] == ["numpy", "torch"], core
+    assert {"lra", "theory", "book", "dev", "all"} <= set(meta.get_all("Provides-Extra"))
+    lra = {r.split(";")[0].strip() for r in meta.get_all("Requires-Dist") if 'extra == "lra"' in r}
+    assert lra == set(cfg["lra_requirements"].split())
+    urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL"))
+    assert urls["Source"] == cfg["git_url"] and urls["Issues"] == cfg["git_url"] + "/issues"
+    assert urls["Documentation"] == cfg["doc_host"] + cfg["doc_baseurl"] + "/"
+    assert urls["Paper"] == cfg["paper_url"]
+    entry_points = archive.read(f"{dist_info}/entry_points.txt").decode()
+    assert "hkt-train = hkt_nb.lra.runs:main" in entry_points
+
+
+def readme_example() -> str:
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    return next(block for block in blocks if "HierarchicalAttention" in block)
+
+
+@pytest.mark.slow
+def test_wheel_installs_in_a_clean_venv_and_runs_the_readme_example(dists, tmp_path):
+    "A fresh venv gets the wheel (no deps: torch and numpy are borrowed, read-only, from this environment)."
+    _, wheel = dists
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True)
+    import numpy
+    import torch
+
+    borrowed = {str(Path(module.__file__).parents[1]) for module in (torch, numpy)}
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    (Path(site) / "borrowed_torch.pth").write_text("\n".join(sorted(borrowed)) + "\n")
+    script = tmp_path / "example.py"
+    script.write_text(readme_example() + "\nimport hkt_nb\nprint(hkt_nb.__file__)\nprint(tuple(y.shape))\n")
+    out = subprocess.run([str(python), str(script)], capture_output=True, text=True, cwd=tmp_path,
+                         env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    location, shape = out.stdout.strip().splitlines()[-2:]
+    assert location.startswith(str(venv)), location
+    assert shape == "(4, 1000, 256)"

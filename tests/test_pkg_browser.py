@@ -1,0 +1,121 @@
+"""The built book, opened in a real browser (issue 13): headless Chromium (the system package) driven by
+Selenium opens every chapter page of `_build/_build/html` (or `HKT_BOOK_HTML`) from disk, with no network,
+and checks that
+- the maths is typeset: every `.math` element holds MathJax output (`mjx-container`), no MathJax error,
+  and no raw `\\begin{` or `$$` is left in the text outside code;
+- every image has loaded (`complete` and a non-zero natural width);
+- the Colab launch link opens this chapter's notebook in the repository of settings.ini;
+- the page raised no JavaScript error (browser log level SEVERE).
+Skipped, with the package to install, when Chromium, chromedriver or selenium is missing; skipped when no
+book is built unless `HKT_REQUIRE_BOOK=1` (`make browser-test`, run by `make test` after `make book`).
+"""
+import configparser
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = Path(os.environ.get("HKT_BOOK_HTML", ROOT / "_build" / "_build" / "html")).resolve()
+os.environ.setdefault("SE_AVOID_STATS", "true")  # Selenium sends no usage statistics (and needs no network)
+INSTALL = "install the system package: `apt-get install chromium chromium-driver` (Debian/Ubuntu; .ci/run does it)"
+
+
+def toc_pages() -> list[str]:
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    pages = [toc["root"]]
+    for part in toc.get("parts", []):
+        pages += [chapter["file"] for chapter in part.get("chapters", [])]
+    return pages
+
+
+def settings() -> configparser.SectionProxy:
+    parser = configparser.ConfigParser(delimiters=["="])
+    parser.read(ROOT / "settings.ini", encoding="utf-8")
+    return parser["DEFAULT"]
+
+
+def colab_url(page: str) -> str:
+    cfg = settings()
+    repo = cfg["git_url"].removeprefix("https://github.com/")
+    return f"https://colab.research.google.com/github/{repo}/blob/{cfg['branch']}/{page}.ipynb"
+
+
+def built_pages() -> list[str]:
+    return [page for page in toc_pages() if (BOOK / f"{page}.html").exists()]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    driver_path = shutil.which("chromedriver")
+    if chromium is None or driver_path is None:
+        pytest.skip(f"headless Chromium test: chromium or chromedriver not found; {INSTALL}")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="pip install selenium (in the `dev` extra)")
+    if not built_pages():
+        message = f"no built book at {BOOK}: run `make book` first"
+        if os.environ.get("HKT_REQUIRE_BOOK") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--allow-file-access-from-files", "--window-size=1280,1024"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver_path))
+    driver.set_script_timeout(60)
+    yield driver
+    driver.quit()
+
+
+WAIT_FOR_MATHJAX = """
+const done = arguments[arguments.length - 1];
+const start = Date.now();
+(function wait() {
+  const mj = window.MathJax;
+  if (mj && mj.startup && mj.startup.promise) { mj.startup.promise.then(() => done("typeset"), e => done("error " + e)); }
+  else if (Date.now() - start > 20000) { done(document.querySelector(".math") ? "no MathJax" : "no maths"); }
+  else { setTimeout(wait, 100); }
+})();
+"""
+
+INSPECT = """
+const maths = [...document.querySelectorAll(".math")];
+const body = document.body.cloneNode(true);
+body.querySelectorAll("pre, code, script, style, .math, mjx-container").forEach(e => e.remove());
+return {
+  maths: maths.length,
+  untypeset: maths.filter(e => !e.querySelector("mjx-container")).map(e => e.textContent.slice(0, 80)),
+  errors: [...document.querySelectorAll("mjx-merror")].map(e => e.textContent.slice(0, 80)),
+  raw: body.textContent.match(/\\\\begin\\{|\\$\\$/g) || [],
+  images: [...document.images].map(i => ({src: i.getAttribute("src"), ok: i.complete && i.naturalWidth > 0})),
+  colab: [...document.querySelectorAll("a[href*='colab.research.google.com']")].map(a => a.href),
+};
+"""
+
+
+def severe_logs(driver) -> list[str]:
+    return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+@pytest.mark.parametrize("page", toc_pages())
+def test_book_page_in_chromium(browser, page):
+    path = BOOK / f"{page}.html"
+    if not path.exists():
+        pytest.fail(f"{page} is in _toc.yml but {path} was not built")
+    severe_logs(browser)  # drop what earlier pages left
+    browser.get(path.as_uri())
+    state = browser.execute_async_script(WAIT_FOR_MATHJAX)
+    found = browser.execute_script(INSPECT)
+    if found["maths"]:
+        assert state == "typeset", f"MathJax did not typeset {page}: {state}"
+    assert found["untypeset"] == [], f"maths left as text on {page}"
+    assert found["errors"] == [], f"MathJax errors on {page}"
+    assert found["raw"] == [], f"raw TeX left in the text of {page}"
+    broken = [image["src"] for image in found["images"] if not image["ok"]]
+    assert broken == [], f"images that did not load on {page}"
+    assert colab_url(page) in found["colab"], f"no Colab link to {colab_url(page)} on {page}: {found['colab']}"
+    assert severe_logs(browser) == [], f"JavaScript errors on {page}"
