@@ -122,7 +122,7 @@ class Pyramid(nn.Module):
     `forward(x, key_padding_mask=None)` takes x (B, T, D) and an optional bool mask (B, T), True = padding,
     and returns `(levels, masks)`: lists of length `n_levels` with `levels[l]` of shape (B, T_l, D) and
     `masks[l]` of shape (B, T_l) (True = padding), $T_l = \lceil T/s^l \rceil$. Padded positions are zero
-    in every returned level below the top one and before every convolution.
+    in every returned level, and before every convolution.
     The constructor raises `TypeError` / `ValueError` naming a bad argument and its allowed range."""
 
     def __init__(self,

@@ -101,7 +101,7 @@ def _local_files(name: str, root: Path) -> dict[str, str]:
             pq.read_metadata(p)
         except Exception as e:
             raise ValueError(f"{p} is not a readable parquet file ({type(e).__name__}: {e}); the file is corrupt or "
-                             f"truncated: replace it (PROVENANCE.md beside the data lists sha256 sums)") from e
+                             f"truncated: replace it with a fresh copy of {HUB_IDS[name]} from the hub") from e
     return {split: str(p) for split, p in files.items()}
 
 

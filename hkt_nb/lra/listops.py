@@ -25,7 +25,7 @@ __all__ = ['LISTOPS_OPERATORS', 'LISTOPS_END', 'VALUE_P', 'LISTOPS_SETTINGS', 'g
 # %% ../../nbs/04a_listops.ipynb #c083ecd8
 LISTOPS_OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")  # LRA's spellings; SM = sum modulo 10
 LISTOPS_END = "]"
-VALUE_P = 0.25  # LRA: probability that a node above max_depth is an operator (r <= VALUE_P)
+VALUE_P = 0.25  # LRA: probability that a node shallower than max_depth is an operator (r <= VALUE_P)
 
 #: The two documented settings. "lra": LRA's own flags (listops.py defaults, sequences up to 2K tokens).
 #: "paper": the T = 512 setting of the HKT paper; the length window keeps LRA's ratio min/max = 1/4 and
@@ -202,7 +202,7 @@ def make_listops(
     Returns a `datasets.Dataset` with LRA's columns `Source` (str, LRA's parenthesised form) and `Target`
     (int 0..9); `with_stats=True` adds `length` (tokens without parentheses) and `depth` (operator nesting).
     Deterministic in `(seed, stream)` and prefix-consistent in `n_examples`; `num_proc` worker processes
-    (default: all cores) share the chunks without changing the result. Raises ValueError on bad parameters.
+    (default: the cores, at most 8) share the chunks without changing the result. Raises ValueError on bad parameters.
     LRA's settings: `LISTOPS_SETTINGS`."""
     params = dict(min_length=min_length, max_length=max_length, max_depth=max_depth, max_args=max_args)
     rows = _generate_listops_rows(n_examples, params, seed=seed, stream=stream, num_proc=num_proc, chunk_size=chunk_size)
