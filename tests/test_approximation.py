@@ -4,12 +4,13 @@ import math
 import pytest
 import torch
 
-from hkt_nb.approximation import (averaging_pyramid_, best_hierarchical_approximation, best_level_approximation,
+from hkt_nb.theory.approximation import (averaging_pyramid_, best_hierarchical_approximation, best_level_approximation,
                                   block_summary_errors, error_decomposition, excess_kurtosis, fit_hkt_scores,
                                   gaussian_entropy, geometric_tail_bound, kurtosis_negentropy, kurtosis_report,
                                   mardia_gaussian_value, mardia_kurtosis, mardia_z, planted_multiscale,
                                   pyramid_tokens, rank_lower_bound, rate_distortion_sandwich, student_t_entropy,
                                   student_t_mardia, student_t_negentropy, upsample_matrix)
+from hkt_nb.theory.probes import ProbeTraining
 from hkt_nb.attention import HierarchicalAttention, upsample_index, upsample_scores
 
 f64 = torch.float64
@@ -92,7 +93,7 @@ def test_fit_hkt_scores_reduces_error_and_stays_realisable():
     P = planted_multiscale(T=16, d_model=4, rank=2, n_levels=3, seed=0)
     torch.manual_seed(0)
     layer = HierarchicalAttention(4, 1, n_levels=2).double()
-    S_hat, errs = fit_hkt_scores(layer, P["X"], P["S_star"], steps=30, lr=1e-2)
+    S_hat, errs = fit_hkt_scores(layer, P["X"], P["S_star"], ProbeTraining(steps=30, lr=1e-2))
     assert errs[-1] < errs[0]
     # S_hat lies in R_L: it equals sum_l U_l [X_l, 1] W_l [X_l, 1]^T U_l^T with W_l of rank <= d built from the
     # layer's parameters (homogeneous coordinates absorb the biases, W_l absorbs lambda_l / sqrt(d))

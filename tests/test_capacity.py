@@ -5,7 +5,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hkt_nb.attention import HierarchicalAttention
-from hkt_nb.capacity import (CausalConvMixer, SingleLayerRegressor, as_causal_conv, causal_depthwise_conv,
+from hkt_nb.theory.probes import ProbeTraining
+from hkt_nb.theory.capacity import (CausalConvMixer, SingleLayerRegressor, as_causal_conv, causal_depthwise_conv,
                              conv_mse_lower_bound, conv_only_layer, conv_path_reference, marker_difference_task,
                              train_marker_difference)
 
@@ -114,7 +115,8 @@ def test_models_and_training_are_deterministic():
         for _ in range(2):
             torch.manual_seed(0)
             model = SingleLayerRegressor(kind, 8, 16)
-            runs.append(train_marker_difference(model, T=16, steps=5, batch_size=8, eval_size=32, eval_every=5))
+            runs.append(train_marker_difference(model, T=16, training=ProbeTraining(steps=5, lr=3e-3, eval_every=5, num_threads=1),
+                                                batch_size=8, eval_size=32))
         assert runs[0]["train_loss"] == runs[1]["train_loss"]
         assert len(runs[0]["train_loss"]) == 5 and runs[0]["eval_steps"] == [5]
         assert runs[0]["n_parameters"] == sum(p.numel() for p in model.parameters())
