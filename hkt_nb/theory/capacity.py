@@ -15,8 +15,9 @@ from ..attention import HierarchicalAttention, MultiHeadAttention
 from .probes import ProbeTraining, train_probe
 
 # %% auto #0
-__all__ = ['causal_depthwise_conv', 'as_causal_conv', 'conv_path_reference', 'conv_only_layer', 'marker_difference_task',
-           'CausalConvMixer', 'SingleLayerRegressor', 'conv_mse_lower_bound', 'train_marker_difference']
+__all__ = ['causal_depthwise_conv', 'as_causal_conv', 'conv_path_reference', 'conv_only_layer', 'mean_plus_difference',
+           'mean_plus_difference_layer', 'marker_difference_task', 'CausalConvMixer', 'SingleLayerRegressor',
+           'window_mse_lower_bound', 'conv_mse_lower_bound', 'train_marker_difference']
 
 # %% ../../nbs/13_capacity.ipynb #e8149f81
 _GATE_CLOSED = -1000.0  # sigmoid(-1000) == 0.0 exactly in float32 and float64
@@ -77,6 +78,40 @@ def conv_only_layer(weight: torch.Tensor, bias: torch.Tensor | None = None, n_he
         layer.value_conv.weight[:, 0, k_layer - k:] = weight
         layer.value_conv.bias.copy_(torch.zeros(C, dtype=weight.dtype) if bias is None else bias)
         layer.gate_logits.fill_(_GATE_CLOSED)
+    return layer
+
+# %% ../../nbs/13_capacity.ipynb #a2fc2690
+def mean_plus_difference(x: torch.Tensor,  # inputs (B, T, D)
+                         ) -> torch.Tensor:
+    """The strictness witness of the capacity chapter: $f(x)_t = \\frac1T\\sum_j x_j + x_t - x_{t-1}$ ($x_{-1} = 0$),
+    (B, T, D) -> (B, T, D). Raises `ValueError` unless x is (B, T, D) with T >= 2."""
+    if x.dim() != 3 or x.shape[1] < 2:
+        raise ValueError(f"need x (B, T >= 2, D), got {tuple(x.shape)}")
+    return x.mean(1, keepdim=True) + x - F.pad(x, (0, 0, 1, 0))[:, :-1]
+
+
+@torch.no_grad()
+def mean_plus_difference_layer(d_model: int,  # width D
+                               n_levels: int = 3,  # levels L (any; the coarse levels get zero queries)
+                               stride: int = 2,  # stride s
+                               conv_kernel_size: int = 3,  # hybrid kernel k >= 2
+                               ) -> HierarchicalAttention:
+    """A one-head HKT layer that computes `mean_plus_difference` exactly: zero queries (uniform attention),
+    W_V = I, filter (..., 0, -1, 1), gate 1/2, W_O = 2 I, zero biases. Raises `ValueError` if
+    conv_kernel_size < 2."""
+    if conv_kernel_size < 2:
+        raise ValueError(f"the difference filter needs conv_kernel_size >= 2, got {conv_kernel_size}")
+    layer = HierarchicalAttention(d_model, 1, n_levels, stride, conv_kernel_size=conv_kernel_size)
+    for q in layer.q_proj:
+        q.weight.zero_()
+        q.bias.zero_()
+    layer.v_proj.weight.copy_(torch.eye(d_model))
+    layer.out_proj.weight.copy_(2 * torch.eye(d_model))
+    for bias in (layer.v_proj.bias, layer.out_proj.bias, layer.value_conv.bias):
+        bias.zero_()
+    layer.value_conv.weight.zero_()
+    layer.value_conv.weight[:, 0, -1], layer.value_conv.weight[:, 0, -2] = 1.0, -1.0
+    layer.gate_logits.zero_()
     return layer
 
 # %% ../../nbs/13_capacity.ipynb #5b74aee6
@@ -146,13 +181,37 @@ class SingleLayerRegressor(nn.Module):
         return self.readout(self.mixer(h)).squeeze(-1)
 
 # %% ../../nbs/13_capacity.ipynb #ca845125
-def conv_mse_lower_bound(T: int, kernel_size: int) -> torch.Tensor:
-    """Per-position lower bound (T,) on the MSE of ANY function of a causal window of width `kernel_size` on
-    `marker_difference_task`: 1 - |W_t| / T with W_t = {t-k+1..t} within [0, T) (Bayes bound; see text)."""
+def _window_sizes(T: int, kernel_size: int) -> torch.Tensor:
     if T < 2 or kernel_size < 1:
         raise ValueError(f"need T >= 2 and kernel_size >= 1, got {T}, {kernel_size}")
     t = torch.arange(T, dtype=torch.float64)
-    return 1 - torch.clamp(t + 1, max=kernel_size) / T
+    return torch.clamp(t + 1, max=kernel_size)
+
+
+def _unseen_previous(T: int, kernel_size: int) -> torch.Tensor:
+    "1 where v_{t-1} exists (t >= 1) but lies outside a width-1 window, else 0, as (T,) float64."
+    unseen = torch.zeros(T, dtype=torch.float64)
+    if kernel_size == 1:
+        unseen[1:] = 1
+    return unseen
+
+
+def window_mse_lower_bound(T: int,  # sequence length, >= 2
+                           kernel_size: int,  # causal window width k, >= 1
+                           ) -> torch.Tensor:
+    """Per-position lower bound (T,) on the MSE of ANY function (linear or not) of a causal window of width
+    `kernel_size` on `marker_difference_task`: 1 - |W_t| / T (Bayes bound; + 1 for t >= 1 when k = 1).
+    Raises `ValueError` if T < 2 or kernel_size < 1."""
+    return 1 - _window_sizes(T, kernel_size) / T + _unseen_previous(T, kernel_size)
+
+
+def conv_mse_lower_bound(T: int,  # sequence length, >= 2
+                         kernel_size: int,  # causal window width k, >= 1
+                         ) -> torch.Tensor:
+    """Per-position lower bound (T,) on the MSE of any AFFINE function of a causal window of width `kernel_size`
+    on `marker_difference_task`, hence of every convolution model of the capacity chapter:
+    1 - |W_t| / T^2 (+ 1 for t >= 1 when k = 1). Raises `ValueError` if T < 2 or kernel_size < 1."""
+    return 1 - _window_sizes(T, kernel_size) / T**2 + _unseen_previous(T, kernel_size)
 
 # %% ../../nbs/13_capacity.ipynb #14be252b
 def _coefficients(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
