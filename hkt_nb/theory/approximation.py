@@ -10,27 +10,32 @@ import math
 import torch
 
 from ..attention import HierarchicalAttention
+from .kernel import rank_bound
 from .probes import ProbeTraining, train_probe
 
 # %% auto #0
 __all__ = ['error_decomposition', 'upsample_matrix', 'best_level_approximation', 'best_hierarchical_approximation',
-           'rank_lower_bound', 'planted_multiscale', 'geometric_tail_bound', 'block_matrix', 'block_summary_errors',
-           'averaging_pyramid_', 'pyramid_tokens', 'fit_hkt_scores', 'mardia_kurtosis', 'mardia_gaussian_value',
-           'mardia_z', 'excess_kurtosis', 'kurtosis_negentropy', 'kurtosis_report', 'gaussian_entropy',
-           'student_t_entropy', 'student_t_negentropy', 'student_t_mardia', 'rate_distortion_sandwich',
-           'attention_vectors']
+           'rank_lower_bound', 'hierarchical_search_path', 'planted_multiscale', 'geometric_tail_bound', 'block_matrix',
+           'block_summary_errors', 'averaging_pyramid_', 'pyramid_tokens', 'fit_hkt_scores', 'mardia_kurtosis',
+           'mardia_gaussian_value', 'mardia_z', 'excess_kurtosis', 'kurtosis_negentropy', 'kurtosis_report',
+           'gaussian_entropy', 'student_t_entropy', 'student_t_negentropy', 'student_t_mardia',
+           'rate_distortion_sandwich', 'attention_vectors']
 
 # %% ../../nbs/14_approximation.ipynb #2739e524
-def error_decomposition(S_star: torch.Tensor, S_H: torch.Tensor, S_R: torch.Tensor, S_hat: torch.Tensor) -> dict:
+def error_decomposition(S_star: torch.Tensor,  # target scores (..., T, T)
+                        S_I: torch.Tensor,  # a point of the ideal-summary class I_L
+                        S_R: torch.Tensor,  # a point of the realisable class R_L
+                        S_hat: torch.Tensor,  # the trained layer's scores
+                        ) -> dict:
     """The three terms of Thm. 4.3 (our reconstruction) in the Frobenius norm, and the total.
 
-    All inputs (..., T, T) of one shape. Returns floats: hierarchical = ||S* - S_H||, quantisation =
-    ||S_H - S_R||, optimisation = ||S_R - S_hat||, total = ||S* - S_hat||, bound = the sum of the three
+    All inputs (..., T, T) of one shape. Returns floats: hierarchical = ||S* - S_I||, quantisation =
+    ||S_I - S_R||, optimisation = ||S_R - S_hat||, total = ||S* - S_hat||, bound = the sum of the three
     (total <= bound always, by the triangle inequality). Raises `ValueError` on shape mismatch."""
-    shapes = {tuple(t.shape) for t in (S_star, S_H, S_R, S_hat)}
+    shapes = {tuple(t.shape) for t in (S_star, S_I, S_R, S_hat)}
     if len(shapes) != 1:
         raise ValueError(f"all four matrices must have one shape, got {shapes}")
-    out = dict(hierarchical=(S_star - S_H).norm().item(), quantisation=(S_H - S_R).norm().item(),
+    out = dict(hierarchical=(S_star - S_I).norm().item(), quantisation=(S_I - S_R).norm().item(),
                optimisation=(S_R - S_hat).norm().item(), total=(S_star - S_hat).norm().item())
     out["bound"] = out["hierarchical"] + out["quantisation"] + out["optimisation"]
     return out
@@ -92,12 +97,43 @@ def best_hierarchical_approximation(S: torch.Tensor, n_levels: int, rank: int, s
     return sum(terms), terms, errors
 
 
-def rank_lower_bound(S: torch.Tensor, n_levels: int, rank: int, stride: int = 2) -> float:
-    """Lower bound on min over H_L of ||S - S_H||_F: every element has rank <= r_L = sum_l min(rank, T_l), so the
-    error is at least the norm of S's singular values beyond r_L (Eckart-Young)."""
-    T = S.shape[-1]
-    r = sum(min(rank, -(-T // stride**l)) for l in range(n_levels))
+def rank_lower_bound(S: torch.Tensor,  # target (T, T)
+                     n_levels: int,  # levels L
+                     rank: int,  # per-level rank d
+                     stride: int = 2,  # stride s
+                     ) -> float:
+    """Lower bound on $\\inf_{\\mathcal H_L} \\|S - S_H\\|_F$ (hence on the infima over the smaller classes): every
+    element has rank at most `rank_bound(T, d, L, s)` (chapter 11), so the error is at least the norm of S's
+    singular values beyond that rank (Eckart-Young)."""
+    r = rank_bound(S.shape[-1], rank, n_levels, stride)
     return torch.linalg.svdvals(S)[r:].pow(2).sum().sqrt().item()
+
+
+def hierarchical_search_path(S: torch.Tensor,  # target (T, T)
+                             max_levels: int,  # search L = 1 .. max_levels
+                             rank: int,  # per-level rank d
+                             stride: int = 2,  # stride s
+                             tokens: list | None = None,  # per-level tokens (T_l, D): the realisable class
+                             starts: list | None = None,  # planted terms (T, T) to try as a start as well
+                             sweeps: int = 30,  # block-coordinate sweeps per start
+                             ) -> list:
+    """Upper bounds on the infimum of ||S - sum_{l<L} U_l A_l U_l^T||_F for L = 1..max_levels that are monotone in L.
+
+    For each L, block-coordinate descent (`best_hierarchical_approximation`) is warm-started from the solution for
+    L - 1 plus a zero level (feasible for L, so the error cannot rise with L) and, if given, from `starts[:L]`;
+    the better result is kept. Returns a list of (approximation (T, T), terms, error), index L - 1."""
+    path, previous = [], []
+    for L in range(1, max_levels + 1):
+        level_tokens = None if tokens is None else tokens[:L]
+        inits = [previous + [torch.zeros_like(S)]] + ([] if starts is None else [list(starts[:L])])
+        best = None
+        for init in inits:
+            approx, terms, errors = best_hierarchical_approximation(S, L, rank, stride, level_tokens, init, sweeps)
+            if best is None or errors[-1] < best[2]:
+                best = (approx, terms, errors[-1])
+        path.append(best)
+        previous = best[1]
+    return path
 
 # %% ../../nbs/14_approximation.ipynb #de954157
 def planted_multiscale(T: int = 64, d_model: int = 8, rank: int = 8, n_levels: int = 6, C: float = 10.0,
@@ -294,14 +330,15 @@ def rate_distortion_sandwich(rate: float, n: int, negentropy: float, variance: f
 def attention_vectors(layer: HierarchicalAttention, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
                       head: int = 0, level: int = 0) -> dict:
     """Rows to measure kurtosis on, for one head and level of `layer` on input x (B, T, D): `query` and `key`
-    (N, d) over real tokens (level 0: the fine level; coarse levels use all their tokens), and `scores` (M, 1):
+    (N, d) over real tokens (coarse levels: tokens whose block holds a real token), and `scores` (M, 1):
     the fused scores S_ij over real (query, key) pairs. Shapes as in `HierarchicalAttention.scores`."""
     with torch.no_grad():
         qs, ks = layer.level_queries_keys(x, key_padding_mask)
         fused = layer.scores(x, key_padding_mask).fused[:, head]
+        _, level_masks = layer.pyramid(x, key_padding_mask)
     q, k = qs[level][:, head], ks[level][:, head]
     B, T = x.shape[:2]
     real = torch.ones(B, T, dtype=torch.bool, device=x.device) if key_padding_mask is None else ~key_padding_mask
-    rows = real if level == 0 else torch.ones(q.shape[:2], dtype=torch.bool, device=x.device)
+    rows = real if level == 0 or level_masks[level] is None else ~level_masks[level]
     pair = real[:, :, None] & real[:, None, :]
     return dict(query=q[rows], key=k[rows], scores=fused[pair][:, None])
