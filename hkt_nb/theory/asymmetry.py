@@ -15,7 +15,8 @@ __all__ = ['sym_antisym_split', 'reciprocity_ratio', 'reciprocity', 'reciprocity
            'set_level_symmetric', 'set_level_antisymmetric', 'lag_profile']
 
 # %% ../../nbs/12_asymmetry.ipynb #b037a648
-def sym_antisym_split(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sym_antisym_split(matrix: torch.Tensor,  # square matrices (..., n, n)
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """The unique split $A = A_s + A_a$, $A_s = (A + A^\\top)/2$ symmetric, $A_a = (A - A^\\top)/2$
     antisymmetric, over the last two dimensions of (..., n, n) (Prop. 3.5; our reconstruction).
     Raises `ValueError` if the matrices are not square."""
@@ -25,7 +26,8 @@ def sym_antisym_split(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return (matrix + t) / 2, (matrix - t) / 2
 
 
-def reciprocity_ratio(matrix: torch.Tensor) -> torch.Tensor:
+def reciprocity_ratio(matrix: torch.Tensor,  # square matrices (..., n, n)
+                      ) -> torch.Tensor:
     """$r(A) = \\|A_s\\|_F^2 / \\|A\\|_F^2 \\in [0, 1]$ over the last two dims of (..., n, n) (Prop. 3.6): 1 iff
     symmetric, 0 iff antisymmetric; directionality is $1 - r$. A zero matrix gets $r = 1$ (it is symmetric)."""
     a_s, _ = sym_antisym_split(matrix)
@@ -33,8 +35,10 @@ def reciprocity_ratio(matrix: torch.Tensor) -> torch.Tensor:
     return torch.where(den > 0, num / den.clamp(min=torch.finfo(den.dtype).tiny), torch.ones_like(den))
 
 # %% ../../nbs/12_asymmetry.ipynb #74173cf4
-def reciprocity(layer: HierarchicalAttention, x: torch.Tensor,
-                key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+def reciprocity(layer: HierarchicalAttention,  # the layer
+                x: torch.Tensor,  # inputs (B, T, D)
+                key_padding_mask: torch.Tensor | None = None,  # (B, T) bool, True = padding
+                ) -> torch.Tensor:
     """Per-head, per-level reciprocity $r_l = \\|G_{l,s}\\|_F^2 / \\|G_l\\|_F^2$ (Prop. 3.6; our reconstruction) of
     the level scores $G_l$ = `layer.scores(x, key_padding_mask).levels[l]`, pooled over the batch (sums of
     squares) and restricted to real tokens (rows and columns of padded coarse tokens are dropped).
@@ -55,21 +59,25 @@ def reciprocity(layer: HierarchicalAttention, x: torch.Tensor,
     return torch.stack(out, -1)
 
 
-def reciprocity_ratio_pooled(g: torch.Tensor) -> torch.Tensor:
+def reciprocity_ratio_pooled(g: torch.Tensor,  # level scores (B, H, n, n)
+                             ) -> torch.Tensor:
     "$\\sum_b \\|G_{b,s}\\|^2 / \\sum_b \\|G_b\\|^2$ for g (B, H, n, n) -> (H,); 1 where all are zero."
     g_s, _ = sym_antisym_split(g)
     num, den = g_s.pow(2).sum((0, -1, -2)), g.pow(2).sum((0, -1, -2))
     return torch.where(den > 0, num / den.clamp(min=torch.finfo(den.dtype).tiny), torch.ones_like(den))
 
 
-def form_reciprocity(layer: HierarchicalAttention) -> torch.Tensor:
+def form_reciprocity(layer: HierarchicalAttention,  # the layer
+                     ) -> torch.Tensor:
     """Input-independent reciprocity of the bilinear forms, $\\|W_{l,s}\\|_F^2/\\|W_l\\|_F^2$ (homogeneous
     coordinates, biases included) per head and level: (H, L)."""
     return torch.stack([reciprocity_ratio(torch.stack(bilinear_forms(layer, h))) for h in range(layer.n_heads)]).detach()
 
 # %% ../../nbs/12_asymmetry.ipynb #856ee4e6
 @torch.no_grad()
-def set_level_symmetric(layer: HierarchicalAttention, level: int) -> HierarchicalAttention:
+def set_level_symmetric(layer: HierarchicalAttention,  # modified in place
+                        level: int,  # 0 <= level < L
+                        ) -> HierarchicalAttention:
     """Make $W_l$ symmetric PSD for every head: $W_K^{(l)} = W_Q^{(l)}$, $b_K^{(l)} = b_Q^{(l)}$ (in place)."""
     _check_level(layer, level)
     q, k = layer.q_proj[level], layer.k_proj[level]
@@ -80,7 +88,9 @@ def set_level_symmetric(layer: HierarchicalAttention, level: int) -> Hierarchica
 
 
 @torch.no_grad()
-def set_level_antisymmetric(layer: HierarchicalAttention, level: int) -> HierarchicalAttention:
+def set_level_antisymmetric(layer: HierarchicalAttention,  # modified in place; head width must be even
+                            level: int,  # 0 <= level < L
+                            ) -> HierarchicalAttention:
     """Make $W_l$ antisymmetric for every head: $A_K^{(l)} = A_Q^{(l)} J$ with the block rotation J (in place;
     biases too, so it holds in homogeneous coordinates). Raises `ValueError` if the head width is odd."""
     _check_level(layer, level)
@@ -104,7 +114,9 @@ def _check_level(layer, level):
         raise ValueError(f"level must be an int in [0, {layer.n_levels}), got {level!r}")
 
 # %% ../../nbs/12_asymmetry.ipynb #6a2bae68
-def lag_profile(matrix: torch.Tensor, max_lag: int) -> torch.Tensor:
+def lag_profile(matrix: torch.Tensor,  # square matrices (..., n, n)
+                max_lag: int,  # largest offset k
+                ) -> torch.Tensor:
     """Mean of the antisymmetric part along the sub-diagonals, $a(k) = \\mathrm{mean}_i (A_a)_{i,i-k}$ for
     k = 0..max_lag, over (..., n, n) (batch dims averaged), divided by the root-mean-square entry of A.
     Returns (max_lag + 1,); positive = rows score earlier columns higher than vice versa."""

@@ -29,7 +29,9 @@ def check_head(layer: HierarchicalAttention,  # the layer to check
         raise ValueError(f"head must be an int in [0, {layer.n_heads}), got {head!r}")
 
 
-def level_factors(layer: HierarchicalAttention, head: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def level_factors(layer: HierarchicalAttention,  # the layer
+                  head: int,  # head index, 0 <= head < H
+                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Homogeneous query and key factors $(A_Q^{(l)}, A_K^{(l)})$ of one head, each ((D+1), d): the head's
     columns of $W_Q^{(l)}$ (resp. $W_K^{(l)}$) stacked over its bias (zeros without bias), so that
     $Q^{(l)} = [X_l, 1] A_Q^{(l)}$. One pair per level. Raises `TypeError` / `ValueError` for a bad layer/head."""
@@ -45,19 +47,24 @@ def level_factors(layer: HierarchicalAttention, head: int) -> list[tuple[torch.T
     return [(hom(q), hom(k)) for q, k in zip(layer.q_proj, layer.k_proj)]
 
 
-def bilinear_forms(layer: HierarchicalAttention, head: int) -> list[torch.Tensor]:
+def bilinear_forms(layer: HierarchicalAttention,  # the layer
+                   head: int,  # head index
+                   ) -> list[torch.Tensor]:
     """$W_l = A_Q^{(l)} A_K^{(l)\\top}$ ((D+1) x (D+1), rank <= d) of one head, one per level, in homogeneous
     coordinates (Prop. 3.1 setting; our reconstruction)."""
     return [a_q @ a_k.T for a_q, a_k in level_factors(layer, head)]
 
 
-def symmetrised_forms(layer: HierarchicalAttention, head: int) -> list[torch.Tensor]:
+def symmetrised_forms(layer: HierarchicalAttention,  # the layer
+                      head: int,  # head index
+                      ) -> list[torch.Tensor]:
     """$M_l = (W_l + W_l^\\top)/2$ ((D+1) x (D+1)) of one head, one per level: the forms whose
     positive semidefiniteness is the sufficient condition of Prop. 3.1."""
     return [(w + w.T) / 2 for w in bilinear_forms(layer, head)]
 
 
-def homogeneous(x: torch.Tensor) -> torch.Tensor:
+def homogeneous(x: torch.Tensor,  # tokens (..., n, D)
+                ) -> torch.Tensor:
     "$[X, 1]$: append a column of ones, (..., n, D) -> (..., n, D + 1)."
     return torch.cat([x, x.new_ones(*x.shape[:-1], 1)], -1)
 
@@ -69,8 +76,12 @@ def _pyramid_levels(layer, x, key_padding_mask):
     return levels, masks
 
 
-def hierarchical_gram(layer: HierarchicalAttention, x: torch.Tensor, head: int,
-                      key_padding_mask: torch.Tensor | None = None, return_levels: bool = False):
+def hierarchical_gram(layer: HierarchicalAttention,  # the layer
+                      x: torch.Tensor,  # inputs (B, T, D)
+                      head: int,  # head index
+                      key_padding_mask: torch.Tensor | None = None,  # (B, T) bool, True = padding
+                      return_levels: bool = False,  # also return the level Gram matrices G_l
+                      ):
     """The hierarchical Gram matrix $S = \\sum_l \\lambda_l U_l G_l U_l^\\top$, $G_l = \\hat X_l W_l \\hat X_l^\\top/\\sqrt d$
     of head `head` (Prop. 3.1; our reconstruction), computed from the bilinear forms $W_l$.
 
@@ -91,7 +102,8 @@ def hierarchical_gram(layer: HierarchicalAttention, x: torch.Tensor, head: int,
     return (S, grams) if return_levels else S
 
 # %% ../../nbs/11_kernel.ipynb #f39ecbf1
-def sym_eigenvalues(matrix: torch.Tensor) -> torch.Tensor:
+def sym_eigenvalues(matrix: torch.Tensor,  # square matrices (..., n, n)
+                    ) -> torch.Tensor:
     """Eigenvalues (ascending) of the symmetric part $(A + A^\\top)/2$ of a square matrix (..., n, n),
     computed in float64. Raises `ValueError` if not square."""
     if matrix.dim() < 2 or matrix.shape[-1] != matrix.shape[-2]:
@@ -100,7 +112,9 @@ def sym_eigenvalues(matrix: torch.Tensor) -> torch.Tensor:
     return torch.linalg.eigvalsh((a + a.transpose(-1, -2)) / 2)
 
 
-def is_psd(matrix: torch.Tensor, tol: float = 1e-10) -> bool:
+def is_psd(matrix: torch.Tensor,  # square matrices (..., n, n)
+           tol: float = 1e-10,  # relative tolerance on the smallest eigenvalue
+           ) -> bool:
     """True iff the symmetric part of every matrix in (..., n, n) is positive semidefinite up to rounding:
     smallest eigenvalue >= -tol x (largest |eigenvalue|) (for the quadratic form $v^\\top A v$ only the
     symmetric part matters). Raises `ValueError` if not square or `tol < 0`."""
@@ -111,7 +125,9 @@ def is_psd(matrix: torch.Tensor, tol: float = 1e-10) -> bool:
     return bool((ev[..., 0] >= -tol * scale).all())
 
 
-def inertia(matrix: torch.Tensor, tol: float = 1e-10) -> tuple[int, int, int]:
+def inertia(matrix: torch.Tensor,  # one square matrix (n, n)
+            tol: float = 1e-10,  # |eigenvalue| <= tol x largest counts as zero
+            ) -> tuple[int, int, int]:
     """(positive, negative, zero) eigenvalue counts of the symmetric part of one square matrix (n, n), with
     |eigenvalue| <= tol x (largest |eigenvalue|) counted as zero."""
     if matrix.dim() != 2:
@@ -121,7 +137,9 @@ def inertia(matrix: torch.Tensor, tol: float = 1e-10) -> tuple[int, int, int]:
     return int((ev > cut).sum()), int((ev < -cut).sum()), int((ev.abs() <= cut).sum())
 
 
-def numerical_rank(matrix: torch.Tensor, rtol: float = 1e-10) -> torch.Tensor:
+def numerical_rank(matrix: torch.Tensor,  # matrices (..., m, n)
+                   rtol: float = 1e-10,  # singular values above rtol x the largest count
+                   ) -> torch.Tensor:
     """Rank of (..., m, n) in float64: singular values > rtol x the largest. Returns an int64 tensor (...)."""
     return torch.linalg.matrix_rank(matrix.detach().double(), rtol=rtol)
 
@@ -154,7 +172,8 @@ def subadditive_rank_bound(T: int,  # sequence length
 
 # %% ../../nbs/11_kernel.ipynb #ce279de7
 @torch.no_grad()
-def tie_keys_to_queries(layer: HierarchicalAttention) -> HierarchicalAttention:
+def tie_keys_to_queries(layer: HierarchicalAttention,  # modified in place
+                        ) -> HierarchicalAttention:
     """Set $W_K^{(l)} = W_Q^{(l)}$ and $b_K^{(l)} = b_Q^{(l)}$ at every level (in place; returns the layer), so that
     every $W_l = A_Q^{(l)} A_Q^{(l)\\top}$ is symmetric PSD: the layer then satisfies Prop. 3.1 (1)-(2)."""
     check_head(layer, 0)
@@ -165,8 +184,12 @@ def tie_keys_to_queries(layer: HierarchicalAttention) -> HierarchicalAttention:
     return layer
 
 
-def feature_map(layer: HierarchicalAttention, x: torch.Tensor, head: int,
-                key_padding_mask: torch.Tensor | None = None, tol: float = 1e-10) -> torch.Tensor:
+def feature_map(layer: HierarchicalAttention,  # a layer whose forms W_l are symmetric PSD
+                x: torch.Tensor,  # inputs (B, T, D)
+                head: int,  # head index
+                key_padding_mask: torch.Tensor | None = None,  # (B, T) bool, True = padding
+                tol: float = 1e-10,  # relative tolerance of the symmetry and PSD checks
+                ) -> torch.Tensor:
     """Explicit feature map of Prop. 3.1 (2): $\\Phi$ (B, T, r) with rows
     $\\phi(i) = [\\sqrt{\\lambda_l/\\sqrt d}\\, M_l^{1/2} \\hat x^{(l)}_{\\pi_l(i)}]_l$ (only the non-zero
     eigen-directions of each $M_l$, so r <= L d), such that $\\Phi\\Phi^\\top$ = `hierarchical_gram(...)`.
