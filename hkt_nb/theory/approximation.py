@@ -328,17 +328,19 @@ def rate_distortion_sandwich(rate: float, n: int, negentropy: float, variance: f
 
 # %% ../../nbs/14_approximation.ipynb #c49c539a
 def attention_vectors(layer: HierarchicalAttention, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
-                      head: int = 0, level: int = 0) -> dict:
+                      head: int = 0, level: int = 0,
+                      with_scores: bool = True,  # also return the fused scores (builds a (B, H, T, T) map)
+                      ) -> dict:
     """Rows to measure kurtosis on, for one head and level of `layer` on input x (B, T, D): `query` and `key`
     (N, d) over real tokens (coarse levels: tokens whose block holds a real token), and `scores` (M, 1):
     the fused scores S_ij over real (query, key) pairs. Shapes as in `HierarchicalAttention.scores`."""
     with torch.no_grad():
         qs, ks = layer.level_queries_keys(x, key_padding_mask)
-        fused = layer.scores(x, key_padding_mask).fused[:, head]
+        fused = layer.scores(x, key_padding_mask).fused[:, head] if with_scores else None
         _, level_masks = layer.pyramid(x, key_padding_mask)
     q, k = qs[level][:, head], ks[level][:, head]
     B, T = x.shape[:2]
     real = torch.ones(B, T, dtype=torch.bool, device=x.device) if key_padding_mask is None else ~key_padding_mask
     rows = real if level == 0 or level_masks[level] is None else ~level_masks[level]
     pair = real[:, :, None] & real[:, None, :]
-    return dict(query=q[rows], key=k[rows], scores=fused[pair][:, None])
+    return dict(query=q[rows], key=k[rows], scores=None if fused is None else fused[pair][:, None])
