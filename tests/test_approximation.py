@@ -4,13 +4,15 @@ import math
 import pytest
 import torch
 
-from hkt_nb.approximation import (averaging_pyramid_, best_hierarchical_approximation, best_level_approximation,
-                                  block_summary_errors, error_decomposition, excess_kurtosis, fit_hkt_scores,
-                                  gaussian_entropy, geometric_tail_bound, kurtosis_negentropy, kurtosis_report,
-                                  mardia_gaussian_value, mardia_kurtosis, mardia_z, planted_multiscale,
-                                  pyramid_tokens, rank_lower_bound, rate_distortion_sandwich, student_t_entropy,
-                                  student_t_mardia, student_t_negentropy, upsample_matrix)
 from hkt_nb.attention import HierarchicalAttention, upsample_index, upsample_scores
+from hkt_nb.theory.approximation import (averaging_pyramid_, best_hierarchical_approximation, best_level_approximation,
+                                         block_summary_errors, error_decomposition, excess_kurtosis, fit_hkt_scores,
+                                         gaussian_entropy, geometric_tail_bound, hierarchical_search_path,
+                                         kurtosis_negentropy, kurtosis_report, mardia_gaussian_value, mardia_kurtosis,
+                                         mardia_z, planted_multiscale, pyramid_tokens, rank_lower_bound,
+                                         rate_distortion_sandwich, student_t_entropy, student_t_mardia,
+                                         student_t_negentropy, upsample_matrix)
+from hkt_nb.theory.probes import ProbeTraining
 
 f64 = torch.float64
 
@@ -92,7 +94,7 @@ def test_fit_hkt_scores_reduces_error_and_stays_realisable():
     P = planted_multiscale(T=16, d_model=4, rank=2, n_levels=3, seed=0)
     torch.manual_seed(0)
     layer = HierarchicalAttention(4, 1, n_levels=2).double()
-    S_hat, errs = fit_hkt_scores(layer, P["X"], P["S_star"], steps=30, lr=1e-2)
+    S_hat, errs = fit_hkt_scores(layer, P["X"], P["S_star"], ProbeTraining(steps=30, lr=1e-2))
     assert errs[-1] < errs[0]
     # S_hat lies in R_L: it equals sum_l U_l [X_l, 1] W_l [X_l, 1]^T U_l^T with W_l of rank <= d built from the
     # layer's parameters (homogeneous coordinates absorb the biases, W_l absorbs lambda_l / sqrt(d))
@@ -197,3 +199,41 @@ def test_kurtosis_report_fields():
     rep = kurtosis_report(x)
     assert rep["gaussian"] == 24 and abs(rep["b_over_d"] - rep["b"] / 4) < 1e-12
     assert abs(rep["b_over_gaussian"] - rep["b"] / 24) < 1e-12
+
+
+def test_search_path_is_monotone_in_L_and_quantisation_vanishes_at_L1():
+    # issue 10 findings 5-6: warm-started search never rises with L; at L = 1 the ideal and realisable classes coincide
+    P = planted_multiscale(T=32, d_model=4, rank=4, n_levels=5, C=5.0, rho=0.5, seed=3)
+    layer_rand = HierarchicalAttention(4, 1, n_levels=5).double()
+    layer_avg = averaging_pyramid_(HierarchicalAttention(4, 1, n_levels=5).double())
+    tok_rand, tok_avg = pyramid_tokens(layer_rand, P["X"]), pyramid_tokens(layer_avg, P["X"])
+    path_I = hierarchical_search_path(P["S_star"], 5, 4, tokens=tok_avg, starts=P["terms"], sweeps=8)
+    path_R = hierarchical_search_path(P["S_star"], 5, 4, tokens=tok_rand, sweeps=8)
+    path_H = hierarchical_search_path(P["S_star"], 5, 2, sweeps=8)
+    for path in (path_I, path_R, path_H):
+        errors = [e for _, _, e in path]
+        assert all(b <= a + 1e-12 for a, b in zip(errors, errors[1:]))
+    assert torch.equal(path_I[0][0], path_R[0][0])  # quantisation term exactly 0 at L = 1
+    for L in range(1, 6):
+        S_I, S_R = path_I[L - 1][0], path_R[L - 1][0]
+        # Thm. 4.3 (3): the quantisation term is at least the excess floor
+        assert (S_I - S_R).norm() >= path_R[L - 1][2] - path_I[L - 1][2] - 1e-9
+        assert rank_lower_bound(P["S_star"], L, 4) <= path_I[L - 1][2] + 1e-9
+
+
+def test_hierarchical_class_is_not_closed():
+    target = torch.diag(torch.tensor([1.0, -1.0], dtype=f64))
+    ones = torch.ones(2, 2, dtype=f64)
+    for a in (-3.0, 0.0, 0.5, 7.0, 1e4):
+        assert abs(torch.linalg.det(target - a * ones).item() + 1) < 1e-6
+    A0 = target - 1e6 * ones
+    A0[0, 0] -= 1 / (1 + 1e6)
+    assert torch.linalg.matrix_rank(A0) == 1 and (A0 + 1e6 * ones - target).norm() < 1e-5
+
+
+def test_kurtosis_approximation_thresholds_issue_values():
+    # issue 10 finding 7: 1.135 at nu = 50 (n = 1), below 1.10 only from nu about 66
+    def ratio(n, nu):
+        return kurtosis_negentropy(student_t_mardia(n, nu), n) / student_t_negentropy(n, nu)
+    assert abs(ratio(1, 50) - 1.135) < 1e-3
+    assert ratio(1, 65) > 1.10 > ratio(1, 66)

@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from hkt_nb.attention import HierarchicalAttention, upsample_index, upsample_scores
-from hkt_nb.asymmetry import (form_reciprocity, lag_profile, reciprocity, reciprocity_ratio, set_level_antisymmetric,
+from hkt_nb.theory.asymmetry import (form_reciprocity, lag_profile, reciprocity, reciprocity_ratio, set_level_antisymmetric,
                               set_level_symmetric, sym_antisym_split)
-from hkt_nb.kernel import hierarchical_gram, tie_keys_to_queries
+from hkt_nb.theory.kernel import hierarchical_gram, tie_keys_to_queries
 
 f64 = torch.float64
 

@@ -5,9 +5,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from hkt_nb.attention import HierarchicalAttention
-from hkt_nb.capacity import (CausalConvMixer, SingleLayerRegressor, as_causal_conv, causal_depthwise_conv,
-                             conv_mse_lower_bound, conv_only_layer, conv_path_reference, marker_difference_task,
-                             train_marker_difference)
+from hkt_nb.theory.capacity import (CausalConvMixer, SingleLayerRegressor, as_causal_conv, causal_depthwise_conv,
+                                    conv_mse_lower_bound, conv_only_layer, conv_path_reference, marker_difference_task,
+                                    mean_plus_difference, mean_plus_difference_layer, train_marker_difference,
+                                    window_mse_lower_bound)
+from hkt_nb.theory.probes import ProbeTraining
 
 f64 = torch.float64
 
@@ -89,12 +91,19 @@ def test_task_determinism_and_answers():
 
 
 def test_conv_bound_values():
+    # issue 10 finding 2: the affine residual is 1 - |W_t|/T^2 (not 1 - |W_t|/T, which is the Bayes bound)
     lb = conv_mse_lower_bound(8, 3)
-    torch.testing.assert_close(lb, torch.tensor([7, 6, 5, 5, 5, 5, 5, 5], dtype=f64) / 8)
-    assert abs(conv_mse_lower_bound(32, 32).mean().item() - 31 / 64) < 1e-12
+    torch.testing.assert_close(lb, 1 - torch.tensor([1, 2, 3, 3, 3, 3, 3, 3], dtype=f64) / 64)
+    assert abs(conv_mse_lower_bound(32, 32).mean().item() - (1 - 33 / 2048)) < 1e-12
+    wb = window_mse_lower_bound(8, 3)
+    torch.testing.assert_close(wb, torch.tensor([7, 6, 5, 5, 5, 5, 5, 5], dtype=f64) / 8)
+    assert abs(window_mse_lower_bound(32, 32).mean().item() - 31 / 64) < 1e-12
+    # width 1: v_{t-1} is unseen for t >= 1
+    torch.testing.assert_close(conv_mse_lower_bound(4, 1), torch.tensor([1 - 1 / 16] + [2 - 1 / 16] * 3, dtype=f64))
+    assert (window_mse_lower_bound(16, 5) <= conv_mse_lower_bound(16, 5)).all()
 
 
-def test_conv_bound_is_attained_by_window_bayes_predictor():
+def test_window_bound_is_attained_by_window_bayes_predictor():
     # the Bayes predictor from the window (flag inside: exact; outside: 0) has per-position MSE -> the bound
     T, k, n = 8, 3, 40000
     feats, y = marker_difference_task(n, T, torch.Generator().manual_seed(0), dtype=f64)
@@ -104,8 +113,49 @@ def test_conv_bound_is_attained_by_window_bayes_predictor():
         lo = max(0, t - k + 1)
         pred[:, t] = (v[:, lo:t + 1] * m[:, lo:t + 1]).sum(1) + v[:, t] - (v[:, t - 1] if t else 0)
     mse = (pred - y).pow(2).mean(0)
+    assert ((mse - window_mse_lower_bound(T, k)).abs() < 0.05).all()
+
+
+@pytest.mark.parametrize("k", [2, 3, 8])
+def test_affine_bound_matches_least_squares_monte_carlo(k):
+    T, n = 8, 40000
+    feats, y = marker_difference_task(n, T, torch.Generator().manual_seed(1), dtype=f64)
     bound = conv_mse_lower_bound(T, k)
-    assert ((mse - bound).abs() < 0.05).all()
+    for t in range(T):
+        lo = max(0, t - k + 1)
+        window = torch.cat([feats[:, lo:t + 1].flatten(1), torch.ones(n, 1, dtype=f64)], 1)
+        resid = y[:, t:t + 1] - window @ torch.linalg.lstsq(window, y[:, t:t + 1]).solution
+        assert abs(resid.pow(2).mean().item() - bound[t].item()) < 0.03
+
+
+@pytest.mark.parametrize("n_levels,stride,k", [(1, 2, 2), (3, 2, 3), (2, 3, 4)])
+def test_mean_plus_difference_layer_is_exact(n_levels, stride, k):
+    x = torch.randn(3, 11, 5, dtype=f64)
+    layer = mean_plus_difference_layer(5, n_levels, stride, k).double()
+    for impl in ("fused", "explicit"):
+        torch.testing.assert_close(layer(x, impl=impl), mean_plus_difference(x), rtol=0, atol=1e-12)
+    # known answer: f_t = mean + x_t - x_{t-1}
+    x1 = torch.tensor([[[1.0], [2.0], [6.0]]], dtype=f64)
+    torch.testing.assert_close(mean_plus_difference(x1), torch.tensor([[[4.0], [4.0], [7.0]]], dtype=f64))
+    with pytest.raises(ValueError):
+        mean_plus_difference_layer(5, conv_kernel_size=1)
+
+
+def test_single_head_attention_sign_obstruction():
+    """The proof's two probes: any single-head attention has o_t = a_{t,j} x_j M on one-token inputs, so the
+    responses to x_{t-1} and to x_t have the same sign along any direction; f needs opposite signs."""
+    torch.manual_seed(0)
+    for _ in range(5):
+        att = nn.MultiheadAttention(4, 1, batch_first=True, bias=False).double()
+        T, t, e = 6, 3, torch.randn(4, dtype=f64)
+        responses = []
+        for j in (t - 1, t):
+            x = torch.zeros(1, T, 4, dtype=f64)
+            x[0, j] = e
+            responses.append(att(x, x, x, need_weights=False)[0][0, t] @ e)
+        target = [mean_plus_difference(torch.eye(T, dtype=f64)[None, :, [j]])[0, t, 0].item() for j in (t - 1, t)]
+        assert target[0] < 0 < target[1]
+        assert responses[0] * responses[1] >= 0
 
 
 def test_models_and_training_are_deterministic():
@@ -114,7 +164,8 @@ def test_models_and_training_are_deterministic():
         for _ in range(2):
             torch.manual_seed(0)
             model = SingleLayerRegressor(kind, 8, 16)
-            runs.append(train_marker_difference(model, T=16, steps=5, batch_size=8, eval_size=32, eval_every=5))
+            runs.append(train_marker_difference(model, T=16, training=ProbeTraining(steps=5, lr=3e-3, eval_every=5, num_threads=1),
+                                                batch_size=8, eval_size=32))
         assert runs[0]["train_loss"] == runs[1]["train_loss"]
         assert len(runs[0]["train_loss"]) == 5 and runs[0]["eval_steps"] == [5]
         assert runs[0]["n_parameters"] == sum(p.numel() for p in model.parameters())

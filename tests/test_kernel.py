@@ -1,18 +1,21 @@
 """Tests of hkt_nb.kernel (Prop. 3.1, our reconstruction): Gram = layer scores, PSD condition, feature map, rank."""
+import itertools
+
 import pytest
 import torch
 
 from hkt_nb.attention import HierarchicalAttention
-from hkt_nb.kernel import (feature_map, hierarchical_gram, inertia, is_psd, numerical_rank, rank_bound,
-                           symmetrised_forms, tie_keys_to_queries, lag_copy_batch)
+from hkt_nb.theory.kernel import (feature_map, hierarchical_gram, inertia, is_psd, numerical_rank, rank_bound,
+                                  subadditive_rank_bound, symmetrised_forms, tie_keys_to_queries)
+from hkt_nb.theory.probes import ProbeTraining, lag_copy_batch
 
 f64 = torch.float64
 
 
-def randomised(layer):
+def randomised(layer, std=0.3):
     with torch.no_grad():
         for p in layer.parameters():
-            p.normal_(0, 0.3)
+            p.normal_(0, std)
     return layer
 
 
@@ -39,12 +42,25 @@ def test_psd_under_condition_feature_map_and_schur():
         assert is_psd(S.exp())
 
 
-def test_rank_bound_holds_and_is_tight_for_generic_weights():
-    assert rank_bound(64, 8, 3, 2) == 24 and rank_bound(20, 8, 4, 2) == 20 and rank_bound(10, 8, 1) == 8
-    layer = randomised(HierarchicalAttention(32, 4, 3, 2).double())  # untied: bound needs no PSD assumption
-    x = torch.randn(2, 64, 32, dtype=f64)
-    r = numerical_rank(hierarchical_gram(layer, x, 1))
-    assert (r == rank_bound(64, 8, 3, 2)).all()
+def test_rank_bound_known_values():
+    # the issue's counterexample to the old "tight" claim: T = 36, d = 12, L = 3 -> 30, not 33
+    assert rank_bound(36, 12, 3) == 30 and subadditive_rank_bound(36, 12, 3) == 33
+    assert rank_bound(20, 8, 4, 2) == 18 and subadditive_rank_bound(20, 8, 4, 2) == 20
+    assert rank_bound(64, 8, 3, 2) == 24 and rank_bound(10, 8, 1) == 8
+    with pytest.raises(ValueError):
+        rank_bound(10, 0, 2)
+
+
+@pytest.mark.parametrize("T,d,L,s", list(itertools.product([7, 20, 36], [2, 4, 8, 12], [1, 2, 3, 4], [2, 3])))
+def test_random_weights_reach_rank_bound(T, d, L, s):
+    """The sharper bound is reached by random untied weights (non-causal) and never exceeded (causal)."""
+    assert rank_bound(T, d, L, s) <= subadditive_rank_bound(T, d, L, s)
+    # unit-scale weights keep the coarse terms well above rounding (the tolerance is relative)
+    layer = randomised(HierarchicalAttention(d, 1, L, s).double(), std=1.0)
+    x = torch.randn(2, T, d, dtype=f64)
+    assert (numerical_rank(hierarchical_gram(layer, x, 0), rtol=1e-13) == rank_bound(T, d, L, s)).all()
+    causal = randomised(HierarchicalAttention(d, 1, L, s, causal=True).double(), std=1.0)
+    assert (numerical_rank(hierarchical_gram(causal, x, 0), rtol=1e-13) <= rank_bound(T, d, L, s)).all()
 
 
 def test_untied_layer_is_indefinite_with_d_plus_d_inertia():
