@@ -22,5 +22,7 @@ if [ "$nbs_before" != "$(snapshot nbs)" ]; then
   diff <(echo "$nbs_before") <(snapshot nbs) || true
   status=1
 fi
+# the one install cell of every chapter (scripts/install_cell.py writes it from settings.ini)
+if ! tool python scripts/install_cell.py --check; then status=1; fi
 [ $status -eq 0 ] && echo "nbs/ and hkt_nb/ in sync; notebooks clean."
 exit $status

@@ -76,10 +76,13 @@ def insert_position(nb) -> int:
 def update(path: Path, cfg, write: bool) -> bool:
     "True when the chapter's cell is (or was) out of date."
     nb = nbformat.read(path, as_version=4)
-    if not imports_library(nb):
-        return False
-    want = cell_source(nb, cfg)
     index = install_index(nb)
+    if not imports_library(nb):  # a chapter that defines what it uses needs no install cell
+        if index is not None and write:
+            del nb.cells[index]
+            nbformat.write(nb, path)
+        return index is not None
+    want = cell_source(nb, cfg)
     if index is not None and nb.cells[index].source == want:
         return False
     if write:
