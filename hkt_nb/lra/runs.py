@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from hkt_nb.lra.config import (
+    AMP_MODES,
     MODELS,
     PRESETS,
     SEQ_LEN,
@@ -324,12 +325,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=_positive_int, default=None, help="override the preset's number of epochs")
     parser.add_argument("--no-resume", action="store_true", help="start afresh even if a checkpoint exists")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--amp", default=None, choices=list(AMP_MODES),
+                        help='mixed precision (default: the preset\'s, "auto": bf16 on compute capability >= 8.0, '
+                             'else fp16 with loss scaling on GPUs, float32 on CPUs)')
+    parser.add_argument("--compile", default=None, action=argparse.BooleanOptionalAction,
+                        help="torch.compile the model (default: on CUDA only; execution only, never changes results)")
+    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                        help="stop cleanly between two steps after this many seconds (the run stays incomplete)")
     parser.add_argument("--threads", type=_positive_int, default=None,
                         help="torch CPU threads (default: torch's choice; use 1 when other jobs share the cores)")
     arguments = parser.parse_args(argv)
     if not (arguments.device in ("auto", "cpu") or arguments.device.startswith("cuda")):
         parser.error(f'argument --device: expected "auto", "cpu" or "cuda[:k]", got {arguments.device!r}')
     return arguments
+
+
+def _train_overrides(arguments: argparse.Namespace) -> dict:
+    "The `TrainConfig` fields set on the command line (`--amp`, `--compile`); unset ones keep the preset's."
+    return {name: value for name, value in (("amp", arguments.amp), ("compile", arguments.compile)) if value is not None}
 
 
 def main(argv=None) -> None:
@@ -344,8 +357,8 @@ def main(argv=None) -> None:
     try:
         train(arguments.task, arguments.model, arguments.preset, arguments.seed, device=arguments.device,
               data_dir=arguments.data_dir, results_dir=arguments.results_dir, checkpoint_dir=arguments.checkpoint_dir,
-              epochs=arguments.epochs, resume=not arguments.no_resume,
-              progress=False if arguments.no_progress else None)
+              epochs=arguments.epochs, resume=not arguments.no_resume, time_budget_s=arguments.time_budget,
+              progress=False if arguments.no_progress else None, train_overrides=_train_overrides(arguments) or None)
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
