@@ -7,7 +7,12 @@ import pytest
 import torch
 import torch._dynamo as dynamo
 
-from hkt_nb import ClassifierConfig, HierarchicalAttention, HKTClassifier, MultiHeadAttention
+from hkt_nb import (
+    ClassifierConfig,
+    HierarchicalAttention,
+    HKTClassifier,
+    MultiHeadAttention,
+)
 from hkt_nb.lra.config import PRESETS, TrainConfig, result_relevant
 from hkt_nb.lra.loop import _optimisation, amp_dtype, execution_settings, train
 from hkt_nb.lra.runs import _train_overrides, finished_run, parse_args
@@ -144,7 +149,7 @@ def test_time_budget_stops_cleanly_between_steps(tmp_path):
                    verbose=False, time_budget_s=0.0, train_overrides=SMALL)
     budget = record["time_budget"]
     assert not record["complete"] and record["history"] == []
-    assert budget["epoch"] == 1 and budget["steps_done"] == 0 and budget["examples"] == 0
+    assert budget["epoch"] == 1 and budget["steps_done"] == 0 and budget["examples"] == budget["examples_trained"] == 0
     assert budget["steps_per_epoch"] == -(-record["data"]["n_train"] // PRESETS["smoke"].train.batch_size)
     assert not (tmp_path / f"{record['run']}.json").exists()  # an incomplete run writes no results file
 

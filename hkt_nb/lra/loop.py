@@ -621,7 +621,9 @@ def finish(run: Run) -> dict:
     (stopped by `stop_after`) returns its record with "complete": False and keeps its checkpoint."""
     results = _record(run)
     if run.budget_stop is not None:
-        results["time_budget"] = {"budget_s": run.options.time_budget_s, **run.budget_stop}
+        examples, seconds = run.n_seen + run.budget_stop["examples"], run.train_time + run.budget_stop["seconds"]
+        results["time_budget"] = {"budget_s": run.options.time_budget_s, **run.budget_stop, "examples_trained": examples,
+                                  "train_seconds": seconds, "train_examples_per_s": examples / max(seconds, 1e-9)}
         run.show(f"{run.name}: time budget of {run.options.time_budget_s:g} s spent in epoch {run.budget_stop['epoch']} "
                  f"after {run.budget_stop['steps_done']} of {run.budget_stop['steps_per_epoch']} steps "
                  f"({run.budget_stop['examples_per_s']:.0f} examples/s)")
