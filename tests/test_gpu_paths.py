@@ -161,3 +161,28 @@ def test_resume_ignores_execution_only_fields(tmp_path):
     resumed = train("synthetic", "hkt", "smoke", 0,
                     train_overrides={**SMALL, "num_workers": 0, "pin_memory": False, "compile": False}, **kw)
     assert resumed["complete"] and resumed["history"][0] == part["history"][0]
+
+
+def test_results_dir_rule(tmp_path, monkeypatch):
+    from hkt_nb.lra.runs import default_results_dir
+    monkeypatch.delenv("HKT_RESULTS_DIR", raising=False)
+    assert default_results_dir(ROOT / "nbs") == ROOT / "results"  # inside a clone: the repository's results/
+    outside, drive = tmp_path / "colab", tmp_path / "drive"
+    outside.mkdir()
+    assert default_results_dir(outside, drive=drive) == outside / "results"  # no Drive: ./results
+    drive.mkdir()
+    assert default_results_dir(outside, drive=drive) == drive / "hkt_nb" / "results"  # Drive mounted
+    monkeypatch.setenv("HKT_RESULTS_DIR", str(tmp_path / "mine"))
+    assert default_results_dir(outside, drive=drive) == tmp_path / "mine"
+
+
+def test_fetch_record_from_the_override_never_the_network(tmp_path, monkeypatch):
+    from hkt_nb.lra.runs import fetch_record, records_url
+    assert records_url().startswith("https://raw.githubusercontent.com/") and records_url().endswith("/results")
+    monkeypatch.setenv("HKT_NB_RECORDS", str(ROOT / "results"))
+    local = tmp_path / "results"
+    path = fetch_record("bench_cost_cpu.json", local)
+    assert path == local / "bench_cost_cpu.json" and path.read_bytes() == (ROOT / "results/bench_cost_cpu.json").read_bytes()
+    assert fetch_record("bench_cost_cpu.json", local) == path  # already there: no copy
+    with pytest.raises(FileNotFoundError, match="no-such-record.json"):
+        fetch_record("no-such-record.json", local)

@@ -37,8 +37,9 @@ from .listops import LISTOPS_SETTINGS
 from .loop import atomic_save, evaluate, resolve_device, save_predictions, train
 
 # %% auto #0
-__all__ = ['FULL_TRAIN_SIZE', 'predict_run', 'finished_run', 'load_or_train', 'estimate_seconds', 'warn_if_slow',
-           'check_experiment_parameters', 'Experiment', 'run_experiment', 'parse_args', 'main']
+__all__ = ['FULL_TRAIN_SIZE', 'predict_run', 'finished_run', 'load_or_train', 'default_results_dir', 'records_url',
+           'fetch_record', 'estimate_seconds', 'warn_if_slow', 'check_experiment_parameters', 'Experiment',
+           'run_experiment', 'parse_args', 'main']
 
 # %% ../../nbs/05b_runs.ipynb #57ce0bdd
 def predict_run(
@@ -113,6 +114,87 @@ def load_or_train(
               f"(trained {record.get('created', '?')}, {record['hardware'].get('device', '?')})", flush=True)
         return {**record, "loaded": True}
     return {**train(task, model, preset, seed, results_dir=results_dir, **keywords), "loaded": False}
+
+# %% ../../nbs/05b_runs.ipynb #a27d9882
+import configparser
+import shutil
+import urllib.request
+from importlib import metadata
+
+import hkt_nb
+
+
+def _clone_root(start: Path) -> Path | None:
+    "The repository folder above `start` (one whose settings.ini names lib_name = hkt_nb), or None."
+    for folder in (start, *start.parents):
+        settings = folder / "settings.ini"
+        if settings.is_file() and "lib_name = hkt_nb" in settings.read_text():
+            return folder
+    return None
+
+
+def default_results_dir(
+    start=None,  # where to look from (default: the current folder)
+    drive=Path("/content/drive/MyDrive"),  # the mount point of Google Drive on Colab
+) -> Path:  # an absolute folder (not created)
+    """The one rule for where runs are written, shared by the chapters and `hkt-train`: `$HKT_RESULTS_DIR` when set;
+    else the repository's `results/` when `start` lies inside a clone; else `<drive>/hkt_nb/results` when Google
+    Drive is mounted (Colab: the runs and their checkpoints survive the runtime, so a run resumes after a
+    disconnect); else `./results`."""
+    if os.environ.get("HKT_RESULTS_DIR"):
+        return absolute_path(os.environ["HKT_RESULTS_DIR"])
+    start = absolute_path(start or Path.cwd())
+    root = _clone_root(start)
+    if root is not None:
+        return root / "results"
+    if Path(drive).is_dir():
+        return Path(drive) / "hkt_nb" / "results"
+    return start / "results"
+
+
+def records_url() -> str:
+    """The base address of the committed records of this version: the raw files of `git_url` (settings.ini, or the
+    installed package's home page) at the tag of the package version, folder results/."""
+    url = None
+    root = _clone_root(Path(__file__).resolve().parent) if "__file__" in globals() else None
+    if root is not None:
+        parser = configparser.ConfigParser()
+        parser.read(root / "settings.ini")
+        url = parser.get("DEFAULT", "git_url", fallback=None)
+    if url is None:
+        try:
+            url = metadata.metadata("hkt_nb").get("Home-page")
+        except metadata.PackageNotFoundError:
+            url = None
+    if not url or "github.com/" not in url:
+        raise RuntimeError("no repository address: set HKT_NB_RECORDS to a folder or URL holding the records")
+    owner_repo = url.rstrip("/").removesuffix(".git").split("github.com/", 1)[1]
+    return f"https://raw.githubusercontent.com/{owner_repo}/{hkt_nb.__version__}/results"
+
+
+def fetch_record(
+    name: str,  # a path relative to results/, e.g. "bench_cost_cpu.json" or "listops-hkt-cpu-seed0.json"
+    folder="results",  # where the record is looked for and copied to
+) -> Path:  # the local path of the record
+    """A committed record (results JSON, benchmark JSON) at `folder/name`; when it is not there (a chapter opened
+    alone, e.g. on Colab), copied from `$HKT_NB_RECORDS` (a local folder or a URL) or else downloaded from the
+    repository at this version (`records_url`). Raises FileNotFoundError naming the places tried."""
+    target = absolute_path(folder) / name
+    if target.is_file():
+        return target
+    source = os.environ.get("HKT_NB_RECORDS") or records_url()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if "://" in source:
+            with urllib.request.urlopen(f"{source.rstrip('/')}/{name}", timeout=30) as response:
+                target.write_bytes(response.read())
+        else:
+            shutil.copyfile(Path(source) / name, target)
+    except (OSError, ValueError) as error:
+        raise FileNotFoundError(f"record {name!r} is neither in {target.parent} nor available from {source} "
+                                f"({type(error).__name__}: {error})") from None
+    return target
+
 
 # %% ../../nbs/05b_runs.ipynb #2b17e48a
 #: Training examples of each task at full size (ListOps: the "paper" setting; IMDB and CIFAR-10: after the
