@@ -186,3 +186,20 @@ def test_fetch_record_from_the_override_never_the_network(tmp_path, monkeypatch)
     assert fetch_record("bench_cost_cpu.json", local) == path  # already there: no copy
     with pytest.raises(FileNotFoundError, match="no-such-record.json"):
         fetch_record("no-such-record.json", local)
+
+
+def test_estimated_time_before_training(monkeypatch):
+    from hkt_nb.lra.runs import estimated_time
+    line = estimated_time("listops", ["hkt", "mha"], "paper", [0, 1, 2], "cpu", ROOT / "results")
+    assert line.startswith("estimated time on this CPU: about ") and line.split()[7] == "h" and "6 run(s)" in line
+    assert "unknown" in estimated_time("imdb", ["hkt"], "smoke", [0], "cpu", ROOT / "tests")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert "no GPU throughput is recorded" in estimated_time("listops", ["hkt"], "paper", [0], "auto", ROOT / "results")
+
+
+def test_checkpoints_live_inside_the_results_folder(tmp_path):
+    record = train("synthetic", "hkt", "smoke", 0, device="cpu", results_dir=tmp_path / "results", progress=False,
+                   verbose=False, stop_after=1, train_overrides=SMALL)
+    assert record["checkpoint_dir"] == "checkpoints/synthetic-hkt-smoke-seed0"
+    assert (tmp_path / "results" / "checkpoints" / "synthetic-hkt-smoke-seed0" / "last.pt").exists()
+    assert not (tmp_path / "checkpoints").exists()

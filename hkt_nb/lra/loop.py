@@ -23,8 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DistributedSampler, Sampler
 
-# console bars (off in notebooks and tests, see `RunOptions.progress`)
+# bars: console (terminals) or widgets (notebooks with ipywidgets, e.g. Colab); see `RunOptions.progress`
 from tqdm import tqdm
+from tqdm.auto import tqdm as auto_tqdm
 
 import hkt_nb
 
@@ -263,9 +264,9 @@ class RunOptions:
     device: str = "auto"  # "auto", "cpu" or "cuda[:k]"
     data_dir: str | os.PathLike | None = None  # local data (default `$HKT_DATA_DIR`, chapter 4)
     results_dir: str | os.PathLike = "results"  # where `<run>.json`, predictions/ and checkpoints/ go
-    checkpoint_dir: str | os.PathLike | None = None  # per-epoch checkpoints; default `<results_dir>/../checkpoints/<run>`
+    checkpoint_dir: str | os.PathLike | None = None  # per-epoch checkpoints; default `<results_dir>/checkpoints/<run>`
     resume: bool = True  # continue from a checkpoint of the same configuration
-    progress: bool | None = None  # tqdm bars (None = only on a terminal)
+    progress: bool | None = None  # tqdm bars (None = on a terminal, or in a notebook that can draw widgets)
     verbose: bool = True  # print one line per epoch
     stop_after: int | None = None  # end this call after that many epochs in total (rerun to resume)
     time_budget_s: float | None = None  # stop cleanly between two steps after this many seconds of this call
@@ -335,6 +336,13 @@ def _writable_folder(folder: Path, what: str) -> Path:
         raise ValueError(f"the {what} {folder} cannot be written ({type(error).__name__}: {error}); "
                          "choose another folder") from None
     return folder
+
+
+def _default_checkpoint_dir(results_dir: Path, name: str) -> Path:
+    """`<results_dir>/checkpoints/<run>` (inside the results folder, so that a Drive folder keeps them), or the
+    older default `<results_dir>/../checkpoints/<run>` when it holds a checkpoint to resume."""
+    legacy = results_dir.parent / "checkpoints" / name
+    return legacy if (legacy / "last.pt").exists() else results_dir / "checkpoints" / name
 
 
 def _train_config(spec: RunSpec, preset: Preset) -> TrainConfig:
@@ -416,7 +424,7 @@ def build_run(spec: RunSpec, options: RunOptions) -> Run:
     name = run_name(spec.task, spec.model, preset.name, spec.seed)
     results_dir = _writable_folder(absolute_path(options.results_dir), "results folder")
     checkpoint_dir = (absolute_path(options.checkpoint_dir) if options.checkpoint_dir
-                      else results_dir.parent / "checkpoints" / name)
+                      else _default_checkpoint_dir(results_dir, name))
     _writable_folder(checkpoint_dir, "checkpoint folder")
     splits, vocab_size, n_classes = _load_splits(spec, options, train_config)
     model_config = build_config(spec.task, spec.model, preset, vocab_size, n_classes, **(spec.model_overrides or {}))
@@ -484,10 +492,23 @@ def restore(run: Run) -> None:
     run.show(f"{run.name}: resumed from {path} after epoch {run.start_epoch}")
 
 
+def _widget_notebook() -> bool:
+    "Whether this runs in a Jupyter kernel that can draw widget progress bars (ipywidgets installed, as on Colab)."
+    import importlib.util
+    return "ipykernel" in sys.modules and importlib.util.find_spec("ipywidgets") is not None
+
+
 def _progress_bar(run: Run, loader, epoch: int):
-    disable = (not run.options.progress or run.rank != 0) if run.options.progress is not None else (
-        None if run.rank == 0 else True)
-    return tqdm(loader, desc=f"epoch {epoch + 1}/{run.train_config.epochs}", leave=False, disable=disable)
+    "A progress bar on rank 0: widgets in a notebook that has them, text on a terminal, none elsewhere (tests)."
+    notebook = _widget_notebook()
+    if run.rank != 0:
+        disable = True
+    elif run.options.progress is None:
+        disable = False if notebook else None  # None: tqdm shows the bar only on a terminal
+    else:
+        disable = not run.options.progress
+    bar = auto_tqdm if notebook else tqdm
+    return bar(loader, desc=f"epoch {epoch + 1}/{run.train_config.epochs}", leave=False, disable=disable)
 
 
 def _out_of_time(run: Run) -> bool:

@@ -38,8 +38,8 @@ from .loop import atomic_save, evaluate, resolve_device, save_predictions, train
 
 # %% auto #0
 __all__ = ['FULL_TRAIN_SIZE', 'predict_run', 'finished_run', 'load_or_train', 'default_results_dir', 'records_url',
-           'fetch_record', 'estimate_seconds', 'warn_if_slow', 'check_experiment_parameters', 'Experiment',
-           'run_experiment', 'parse_args', 'main']
+           'fetch_record', 'estimate_seconds', 'estimated_time', 'warn_if_slow', 'check_experiment_parameters',
+           'Experiment', 'run_experiment', 'parse_args', 'main']
 
 # %% ../../nbs/05b_runs.ipynb #57ce0bdd
 def predict_run(
@@ -233,6 +233,30 @@ def estimate_seconds(
     return train_config.epochs * n_train * ratio / throughput
 
 
+def estimated_time(
+    task: str,  # "listops", "imdb" or "scifar10"
+    models,  # the models about to run
+    preset: str | Preset,
+    seeds,  # the seeds about to run
+    device: str,  # "auto", "cpu" or "cuda[:k]"
+    results_dir="results",  # where the finished `cpu` runs are
+) -> str:  # one line to print before training
+    """The estimated training time of the runs about to start on the detected device, from recorded throughput
+    (`estimate_seconds`: the finished `cpu` runs), or what is missing for an estimate."""
+    preset = get_preset(preset)
+    target = torch.device("cuda" if str(device) != "cpu" and torch.cuda.is_available() else "cpu")
+    estimates = [estimate_seconds(task, model, preset, results_dir) for model in models]
+    if target.type != "cpu":
+        return (f"estimated time on {target}: no GPU throughput is recorded yet (`make gpu-check` records one); the "
+                f"{len(models) * len(seeds)} run(s) of preset {preset.name!r} are sized for one GPU")
+    if any(seconds is None for seconds in estimates):
+        return f"estimated time on this CPU: unknown (no finished cpu-preset run of {task} in {results_dir})"
+    total = sum(estimates) * len(seeds)
+    span = f"{total:.0f} s" if total < 120 else f"{total / 60:.0f} min" if total < 7200 else f"{total / 3600:,.0f} h"
+    return (f"estimated time on this CPU: about {span} for {len(models) * len(seeds)} run(s) of preset "
+            f"{preset.name!r} (from the throughput of the recorded cpu runs; finished runs are loaded instead)")
+
+
 def warn_if_slow(
     task: str,  # "listops", "imdb" or "scifar10"
     models,  # the models about to run
@@ -299,7 +323,7 @@ def check_experiment_parameters(
             raise TypeError(f"{name} must be a path or None, got {folder!r}")
     return dict(task=task, models=models, preset=preset, seeds=seeds, device=device, retrain=retrain,
                 data_dir=None if data_dir is None else absolute_path(data_dir),
-                results_dir=absolute_path(results_dir))
+                results_dir=default_results_dir() if results_dir is None else absolute_path(results_dir))
 
 
 @dataclass
@@ -348,7 +372,7 @@ def run_experiment(
     seeds=None,  # None = the preset's seeds
     device: str = "auto",
     data_dir=None,  # None = `$HKT_DATA_DIR`, else the hub
-    results_dir="results",  # finished runs here are loaded, new ones written here
+    results_dir=None,  # finished runs here are loaded, new ones written here (None: `default_results_dir()`)
     retrain: bool = False,  # train even when a finished run of the same configuration exists
 ) -> Experiment:
     """Check the parameters, print the setting, then load or train every (model, seed) run (chapters 6-8).
@@ -362,6 +386,8 @@ def run_experiment(
     print(f"preset {preset_object.name!r}: {preset_object.why}\ntask {task}: T = {SEQ_LEN[task]}, vocabulary "
           f"{vocab_size}, {n_classes} classes; models {params['models']}, seeds {params['seeds']}; results in "
           f"{params['results_dir']}", flush=True)
+    print(estimated_time(task, params["models"], preset_object, params["seeds"], device, params["results_dir"]),
+          flush=True)
     warn_if_slow(task, params["models"], preset_object, params["seeds"], device, params["results_dir"])
     for model in params["models"]:
         for seed in params["seeds"]:
@@ -402,7 +428,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=_non_negative_int, default=0)
     parser.add_argument("--device", default="auto", help='"auto" (default), "cpu" or "cuda[:k]"')
     parser.add_argument("--data-dir", default=None, help="local data folder (default: $HKT_DATA_DIR)")
-    parser.add_argument("--results-dir", default="results")
+    parser.add_argument("--results-dir", default=None, help="default: the repository's results/ inside a clone, "
+                        "else a mounted Google Drive's hkt_nb/results, else ./results ($HKT_RESULTS_DIR overrides)")
     parser.add_argument("--checkpoint-dir", default=None)
     parser.add_argument("--epochs", type=_positive_int, default=None, help="override the preset's number of epochs")
     parser.add_argument("--no-resume", action="store_true", help="start afresh even if a checkpoint exists")
@@ -431,6 +458,8 @@ def main(argv=None) -> None:
     """Console entry point `hkt-train --task listops --model hkt --preset cpu --seed 0 [--device ...] ...`.
     Returns None, so that the process exits with status 0 (the results are in the JSON file)."""
     arguments = parse_args(argv)
+    arguments.results_dir = str(absolute_path(arguments.results_dir) if arguments.results_dir else default_results_dir())
+    print(f"hkt-train: results in {arguments.results_dir}", flush=True)
     if arguments.threads is not None:
         torch.set_num_threads(arguments.threads)
     if arguments.task in FULL_TRAIN_SIZE:
