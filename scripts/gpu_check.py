@@ -90,7 +90,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="every step on the CPU at toy size")
     parser.add_argument("--out", type=Path, default=None, help="default results/gpu (dry run: _build/gpu_check_dry)")
-    parser.add_argument("--budget", type=float, default=None, help="seconds of training per model (default 75; dry 0.5)")
+    parser.add_argument("--budget", type=float, default=None, help="seconds of training per model (default 60; dry 0.5)")
     parser.add_argument("--listops-train", type=int, default=6000, help="training examples of the budgeted runs")
     parser.add_argument("--max-length", type=int, default=None, help="longest T measured (default 16384; dry 256)")
     parser.add_argument("--steps", nargs="+", default=["environment", "cuda-tests", "bench-cost", "listops"],
@@ -99,7 +99,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.device = "cpu" if args.dry_run else "cuda"
     args.out = (args.out or ROOT / ("_build/gpu_check_dry" if args.dry_run else "results/gpu")).resolve()
-    args.budget = args.budget if args.budget is not None else (0.5 if args.dry_run else 75.0)
+    args.budget = args.budget if args.budget is not None else (0.5 if args.dry_run else 60.0)
     args.max_length = args.max_length or (256 if args.dry_run else 16384)
     return args
 
@@ -136,7 +136,7 @@ def main(argv=None) -> int:
     if "cuda-tests" in args.steps:
         steps.append(run_step("cuda-tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda",
                                              "tests/test_cuda.py", f"--junitxml={args.out / 'cuda_tests.xml'}"],
-                              args.out, env, timeout=600 if args.dry_run else 180))
+                              args.out, env, timeout=600 if args.dry_run else 240))
     if "bench-cost" in args.steps:
         steps.append(run_step("bench-cost", bench_command(args), args.out, env, timeout=300 if args.dry_run else 150))
     if "listops" in args.steps:
