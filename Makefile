@@ -20,7 +20,7 @@ export PYTHONHASHSEED := 0
 EXTRAS ?= lra,theory,book,dev
 BOOK_HTML := _build/_build/html
 
-.PHONY: install book test chapters check-sync lint pytest nbtest browser-test book-build clean
+.PHONY: install book test chapters check-sync lint pytest nbtest browser-test book-build clean gpu-check gpu-check-dry
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,10 +69,20 @@ nbtest: install
 ## experiment chapters with the smoke preset (first: the results chapter needs runs to read), notebook
 ## tests, the book build with warnings as errors, and the book opened in headless Chromium
 test: check-sync lint pytest
+	$(MAKE) gpu-check-dry
 	$(MAKE) chapters PRESET=smoke
 	$(MAKE) nbtest
 	$(MAKE) book PRESET=smoke
 	$(MAKE) browser-test
+
+## gpu-check: on a machine with one CUDA GPU, the checks of issue 12 in under 8 minutes (CUDA tests, bench_cost
+## up to T = 16,384, budgeted paper-preset ListOps runs), recorded under results/gpu/
+gpu-check: install
+	$(BIN)/python scripts/gpu_check.py
+
+## gpu-check-dry: the same steps on the CPU at toy size (part of `make test`), recorded under _build/gpu_check_dry/
+gpu-check-dry: install
+	OMP_NUM_THREADS=1 $(BIN)/python scripts/gpu_check.py --dry-run
 
 clean:
 	rm -rf _build _proc _docs build dist *.egg-info results/chapters/smoke

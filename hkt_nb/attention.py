@@ -28,7 +28,8 @@ def check_attention_inputs(
     d_model: int,  # the layer's width D
     param_dtype: torch.dtype | None = None,  # the parameters' dtype; `x` must match it unless autocast is on
 ) -> None:
-    """Validate the inputs of an attention layer.
+    """Validate the inputs of an attention layer. The one check on tensor *values* (right padding) runs in eager
+    mode only: under `torch.compile` it is skipped, so the layer compiles to one graph without host syncs.
 
     Raises `TypeError` (dtypes) or `ValueError` (shapes, T = 0, padding that is not right padding)."""
     if not isinstance(x, torch.Tensor):
@@ -49,6 +50,8 @@ def check_attention_inputs(
         raise TypeError(f"key_padding_mask must be a bool tensor (True = padding), got {got}")
     if key_padding_mask.shape != x.shape[:2]:
         raise ValueError(f"key_padding_mask must have shape (B, T) = {tuple(x.shape[:2])}, got {tuple(key_padding_mask.shape)}")
+    if torch.compiler.is_compiling():  # a value check branches on data: a graph break and a host sync
+        return
     if (key_padding_mask[:, :-1] & ~key_padding_mask[:, 1:]).any():
         raise ValueError("key_padding_mask must be right padding (True only after the last real token): "
                          "coarse levels summarise contiguous blocks")
@@ -222,7 +225,7 @@ class HierarchicalAttention(nn.Module):
 
     `forward(x, key_padding_mask=None, impl="fused")`: x (B, T, D) float, any T >= 1; key_padding_mask (B, T)
     bool, True = padding, right padding; `impl` "fused" (SDPA) or "explicit" (materialised scores; equal up to
-    rounding). Returns (B, T, D). The constructor raises `TypeError` / `ValueError` naming a bad argument and
+    rounding), or the experimental "flex" (FlexAttention; see the chapter). Returns (B, T, D). The constructor raises `TypeError` / `ValueError` naming a bad argument and
     its allowed range; `forward` raises them for wrong dtypes, shapes, masks or `impl`."""
 
     def __init__(self,
@@ -332,10 +335,58 @@ def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
     elif impl == "explicit":
         probs = self.scores(x, key_padding_mask).attention
         attended = probs.to(v.dtype) @ split_heads(v, self.n_heads)
+    elif impl == "flex":  # experimental, see "An experimental FlexAttention form"
+        attended = self._attend_flex(x, key_padding_mask, split_heads(v, self.n_heads))
     else:
-        raise ValueError(f'impl must be "fused" or "explicit", got {impl!r}')
+        raise ValueError(f'impl must be "fused", "explicit" or "flex" (experimental), got {impl!r}')
     convolved = split_heads(self.causal_value_conv(v), self.n_heads)
     return self.out_proj(merge_heads(hybrid_mix(attended, convolved, self.gates.to(attended.dtype))))
+
+# %% ../nbs/02_attention.ipynb #59a6275b
+_COMPILED_FLEX: dict = {}
+
+
+def _flex_attention(device: torch.device):
+    "FlexAttention (torch >= 2.5), compiled on CUDA (its eager form materialises the scores); RuntimeError without it."
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+    except ImportError:
+        raise RuntimeError(f"impl='flex' needs torch.nn.attention.flex_attention (torch >= 2.5), not torch {torch.__version__}") from None
+    if device.type != "cuda":
+        return flex_attention
+    return _COMPILED_FLEX.setdefault("cuda", torch.compile(flex_attention, dynamic=False))
+
+
+def _coarse_score_mod(lambdas, coarse, maps, keep, causal):
+    "The `score_mod` adding sum_{l >= 1} lambda_l S_l[b, h, pi_l(q), pi_l(kv)] to the fine score, then the masks."
+    def score_mod(score, b, h, q_idx, kv_idx):
+        for level, (table, (index, valid)) in enumerate(zip(coarse, maps), start=1):
+            term = lambdas[h, level] * table[b, h, index[q_idx], index[kv_idx]]
+            score = score + torch.where(valid[q_idx] & valid[kv_idx], term, torch.zeros_like(term)).to(score.dtype)
+        if keep is not None:
+            score = torch.where(keep[b, kv_idx], score, -float("inf"))
+        if causal:
+            score = torch.where(kv_idx <= q_idx, score, -float("inf"))
+        return score
+    return score_mod
+
+
+@add_to_class(HierarchicalAttention)
+def _attend_flex(self, x, key_padding_mask, v):
+    "Experimental: the fine level through FlexAttention, each coarse level added at its own resolution by `score_mod`."
+    if self.training and self.dropout > 0:
+        raise ValueError("impl='flex' has no attention dropout: train with impl='fused' or set dropout=0")
+    flex = _flex_attention(x.device)
+    T = x.shape[1]
+    qs, ks = self.level_queries_keys(x, key_padding_mask)
+    lambdas = self.lambdas.float()
+    coarse = [level_scores(q, k) for q, k in zip(qs[1:], ks[1:])]  # (B, H, T_l, T_l), float32, Eq. (1)
+    maps = [upsample_index(T, level, self.stride, self.causal, device=x.device) for level in range(1, self.n_levels)]
+    keep = None if key_padding_mask is None else ~key_padding_mask | key_padding_mask.all(-1, keepdim=True)
+    score_mod = _coarse_score_mod(lambdas, coarse, maps, keep, self.causal)
+    q0 = qs[0] * lambdas[:, 0].to(qs[0].dtype)[None, :, None, None]  # lambda_0 S^(0) as the kernel's own score
+    return flex(q0, ks[0], v, score_mod=score_mod, scale=1 / math.sqrt(self.head_dim))
+
 
 # %% ../nbs/02_attention.ipynb #59fee6bd
 def _split_coarse_projections(layer: HierarchicalAttention) -> None:

@@ -44,8 +44,10 @@ class TrainConfig:
     eval_batch_size: int | None = None  # default 2 * batch_size
     data_seed: int = 0
     amp: str = "auto"  # "auto" (bf16 / fp16 on GPUs, float32 on CPU), "bf16", "fp16" or "off"
-    num_workers: int = 0  # DataLoader worker processes (execution only: does not change the results)
+    num_workers: int | None = None  # DataLoader worker processes; None: sized to the machine on CUDA, 0 on CPU
     save_model: bool = False  # keep the best model's weights under results/checkpoints/
+    pin_memory: bool | None = None  # page-locked batches (asynchronous copies); None: on CUDA only
+    compile: bool | None = None  # `torch.compile` the model; None: on CUDA only (the last three: execution only)
 
     def __post_init__(self):
         for name in ("epochs", "batch_size"):
@@ -59,6 +61,12 @@ class TrainConfig:
         if not self.lr > 0 or not 0 <= self.warmup_frac < 1 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"need lr > 0, 0 <= warmup_frac < 1, 0 <= min_lr_ratio <= 1; got {self.lr}, "
                              f"{self.warmup_frac}, {self.min_lr_ratio}")
+        if self.num_workers is not None and (isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int)
+                                             or self.num_workers < 0):
+            raise ValueError(f"num_workers must be None or an int >= 0, got {self.num_workers!r}")
+        for name in ("pin_memory", "compile"):
+            if not (getattr(self, name) is None or isinstance(getattr(self, name), bool)):
+                raise ValueError(f"{name} must be None, True or False, got {getattr(self, name)!r}")
         if self.amp not in AMP_MODES:
             raise ValueError(f"amp must be one of {AMP_MODES}, got {self.amp!r}")
 

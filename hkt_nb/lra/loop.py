@@ -23,8 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DistributedSampler, Sampler
 
-# console bars (off in notebooks and tests, see `RunOptions.progress`)
+# bars: console (terminals) or widgets (notebooks with ipywidgets, e.g. Colab); see `RunOptions.progress`
 from tqdm import tqdm
+from tqdm.auto import tqdm as auto_tqdm
 
 import hkt_nb
 
@@ -36,8 +37,8 @@ from .config import Preset, TrainConfig, build_config, get_preset, run_name
 __all__ = ['param_groups', 'lr_factor', 'resolve_device', 'amp_dtype', 'setup_distributed', 'all_reduce_sum', 'ShardSampler',
            'seed_everything', 'rng_state', 'set_rng_state', 'atomic_save', 'evaluate', 'save_predictions',
            'gather_predictions', 'hardware_info', 'library_versions', 'hkt_internals', 'RunOptions', 'RunSpec', 'Run',
-           'build_run', 'fingerprint', 'restore', 'train_one_epoch', 'announce', 'validate', 'save_checkpoint',
-           'finish', 'train']
+           'execution_settings', 'build_run', 'fingerprint', 'restore', 'train_one_epoch', 'announce', 'validate',
+           'save_checkpoint', 'finish', 'train']
 
 # %% ../../nbs/05a_loop.ipynb #4f8bf0c0
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -78,12 +79,20 @@ def resolve_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-def amp_dtype(device: torch.device, amp: str = "auto") -> torch.dtype | None:
-    "The autocast dtype for `device` and `TrainConfig.amp` (None = float32, no autocast)."
+def amp_dtype(
+    device: torch.device,  # the run's device
+    amp: str = "auto",  # `TrainConfig.amp`: "auto", "bf16", "fp16" or "off"
+) -> torch.dtype | None:  # the autocast dtype, None = float32 without autocast
+    """The autocast dtype for `device` and `TrainConfig.amp`. "auto": float32 on a CPU; on a GPU bfloat16 only where
+    it is native (compute capability >= 8.0: A100, L4, H100, RTX 30xx and later), else float16 with loss scaling
+    (T4, V100, P100: their bfloat16 is emulated and the memory-efficient attention kernel has no bfloat16 form
+    there). Raises ValueError for another `amp`."""
+    if amp not in ("auto", "bf16", "fp16", "off"):
+        raise ValueError(f'amp must be "auto", "bf16", "fp16" or "off", got {amp!r}')
     if amp == "off" or (amp == "auto" and device.type != "cuda"):
         return None
     if amp == "auto":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
     return torch.bfloat16 if amp == "bf16" else torch.float16
 
 
@@ -255,11 +264,12 @@ class RunOptions:
     device: str = "auto"  # "auto", "cpu" or "cuda[:k]"
     data_dir: str | os.PathLike | None = None  # local data (default `$HKT_DATA_DIR`, chapter 4)
     results_dir: str | os.PathLike = "results"  # where `<run>.json`, predictions/ and checkpoints/ go
-    checkpoint_dir: str | os.PathLike | None = None  # per-epoch checkpoints; default `<results_dir>/../checkpoints/<run>`
+    checkpoint_dir: str | os.PathLike | None = None  # per-epoch checkpoints; default `<results_dir>/checkpoints/<run>`
     resume: bool = True  # continue from a checkpoint of the same configuration
-    progress: bool | None = None  # tqdm bars (None = only on a terminal)
+    progress: bool | None = None  # tqdm bars (None = on a terminal, or in a notebook that can draw widgets)
     verbose: bool = True  # print one line per epoch
     stop_after: int | None = None  # end this call after that many epochs in total (rerun to resume)
+    time_budget_s: float | None = None  # stop cleanly between two steps after this many seconds of this call
 
 
 @dataclass(frozen=True)
@@ -303,6 +313,7 @@ class Run:
     start_epoch: int = 0
     train_time: float = 0.0
     n_seen: int = 0
+    budget_stop: dict | None = None  # where the time budget stopped the run (see `train_one_epoch`)
 
     @property
     def model(self) -> nn.Module:
@@ -325,6 +336,13 @@ def _writable_folder(folder: Path, what: str) -> Path:
         raise ValueError(f"the {what} {folder} cannot be written ({type(error).__name__}: {error}); "
                          "choose another folder") from None
     return folder
+
+
+def _default_checkpoint_dir(results_dir: Path, name: str) -> Path:
+    """`<results_dir>/checkpoints/<run>` (inside the results folder, so that a Drive folder keeps them), or the
+    older default `<results_dir>/../checkpoints/<run>` when it holds a checkpoint to resume."""
+    legacy = results_dir.parent / "checkpoints" / name
+    return legacy if (legacy / "last.pt").exists() else results_dir / "checkpoints" / name
 
 
 def _train_config(spec: RunSpec, preset: Preset) -> TrainConfig:
@@ -351,16 +369,34 @@ def _load_splits(spec: RunSpec, options: RunOptions, train_config: TrainConfig) 
     return (splits, *task_sizes(spec.task, dataset_dict))
 
 
-def _make_loaders(splits: dict, train_config: TrainConfig, seed: int, rank: int, world: int, max_length: int):
+def execution_settings(
+    train_config: TrainConfig,  # its `num_workers`, `pin_memory` and `compile` (None = automatic)
+    device: torch.device,  # the run's device
+    world: int = 1,  # processes sharing this machine
+) -> dict:  # {"num_workers": int, "pin_memory": bool, "compile": bool}
+    """The execution-only settings of a run with the automatic values filled in: on CUDA, pinned memory, worker
+    processes sized to the machine (min(4, CPU cores per process - 1), at least 1) and `torch.compile`; on a CPU,
+    none of them (workers and compilation cost more than they save on a few cores). They never change the
+    results (chapter 5, *What a run is configured by*)."""
+    cuda = device.type == "cuda"
+    workers = min(4, max(1, (os.cpu_count() or 1) // world - 1)) if cuda else 0
+    return {"num_workers": workers if train_config.num_workers is None else train_config.num_workers,
+            "pin_memory": cuda if train_config.pin_memory is None else train_config.pin_memory and cuda,
+            "compile": cuda if train_config.compile is None else train_config.compile}
+
+
+def _make_loaders(splits: dict, train_config: TrainConfig, seed: int, rank: int, world: int, max_length: int,
+                  device: torch.device = torch.device("cpu")):
     "Training batches (shuffled per epoch by `DistributedSampler`) and strided validation / test shards."
     per_process = train_config.batch_size // world
     eval_batch = (train_config.eval_batch_size or 2 * train_config.batch_size) // world or 1
+    settings = execution_settings(train_config, device, world)
+    io = dict(max_length=max_length, num_workers=settings["num_workers"], pin_memory=settings["pin_memory"],
+              persistent_workers=settings["num_workers"] > 0)
     sampler = DistributedSampler(splits["train"], num_replicas=world, rank=rank, shuffle=True, seed=seed)
-    loaders = {"train": make_dataloader(splits["train"], per_process, sampler=sampler, max_length=max_length,
-                                        num_workers=train_config.num_workers)}
+    loaders = {"train": make_dataloader(splits["train"], per_process, sampler=sampler, **io)}
     for split in ("validation", "test"):
-        loaders[split] = make_dataloader(splits[split], eval_batch, sampler=ShardSampler(len(splits[split]), rank, world),
-                                         max_length=max_length, num_workers=train_config.num_workers)
+        loaders[split] = make_dataloader(splits[split], eval_batch, sampler=ShardSampler(len(splits[split]), rank, world), **io)
     return loaders
 
 
@@ -388,16 +424,18 @@ def build_run(spec: RunSpec, options: RunOptions) -> Run:
     name = run_name(spec.task, spec.model, preset.name, spec.seed)
     results_dir = _writable_folder(absolute_path(options.results_dir), "results folder")
     checkpoint_dir = (absolute_path(options.checkpoint_dir) if options.checkpoint_dir
-                      else results_dir.parent / "checkpoints" / name)
+                      else _default_checkpoint_dir(results_dir, name))
     _writable_folder(checkpoint_dir, "checkpoint folder")
     splits, vocab_size, n_classes = _load_splits(spec, options, train_config)
     model_config = build_config(spec.task, spec.model, preset, vocab_size, n_classes, **(spec.model_overrides or {}))
     seed_everything(spec.seed)
     network = HKTClassifier(model_config).to(device)
     model = network
+    if execution_settings(train_config, device, world)["compile"]:
+        model.compile()  # in place: the state_dict keys stay those of the eager model
     if world > 1:
         network = nn.parallel.DistributedDataParallel(network, device_ids=[device.index] if device.type == "cuda" else None)
-    loaders = _make_loaders(splits, train_config, spec.seed, rank, world, model_config.max_len)
+    loaders = _make_loaders(splits, train_config, spec.seed, rank, world, model_config.max_len, device)
     dtype = amp_dtype(device, train_config.amp)
     optimizer, scheduler, scaler = _optimisation(model, train_config, len(loaders["train"]), device, dtype)
     seed_everything(spec.seed + rank)
@@ -413,6 +451,15 @@ def fingerprint(run: Run) -> dict:
               "world_size": run.world, "model_config": run.model_config.to_dict(),
               "train_config": asdict(run.train_config), "n": {s: len(d) for s, d in run.splits.items()}}
     return json.loads(json.dumps(identity))  # tuples -> lists, as they come back from disk
+
+
+from .config import EXECUTION_ONLY_FIELDS
+
+
+def _comparable(identity: dict) -> dict:
+    "A fingerprint without the execution-only fields (workers, pinned memory, compilation): they never block a resume."
+    train_config = {k: v for k, v in identity.get("train_config", {}).items() if k not in EXECUTION_ONLY_FIELDS}
+    return {**identity, "train_config": train_config}
 
 
 def _read_checkpoint(path: Path, device) -> dict:
@@ -432,9 +479,9 @@ def restore(run: Run) -> None:
     if not (run.options.resume and path.exists()):
         return
     checkpoint = _read_checkpoint(path, run.device)
-    expected = fingerprint(run)
-    if checkpoint["fingerprint"] != expected:
-        differ = sorted(k for k in expected if checkpoint["fingerprint"].get(k) != expected[k])
+    expected, stored = _comparable(fingerprint(run)), _comparable(checkpoint["fingerprint"])
+    if stored != expected:
+        differ = sorted(k for k in expected if stored.get(k) != expected[k])
         raise ValueError(f"checkpoint {path} belongs to a different configuration (differs in {differ}); "
                          "delete it or pass resume=False")
     run.model.load_state_dict(checkpoint["model"]); run.optimizer.load_state_dict(checkpoint["optimizer"])
@@ -445,10 +492,31 @@ def restore(run: Run) -> None:
     run.show(f"{run.name}: resumed from {path} after epoch {run.start_epoch}")
 
 
+def _widget_notebook() -> bool:
+    "Whether this runs in a Jupyter kernel that can draw widget progress bars (ipywidgets installed, as on Colab)."
+    import importlib.util
+    return "ipykernel" in sys.modules and importlib.util.find_spec("ipywidgets") is not None
+
+
 def _progress_bar(run: Run, loader, epoch: int):
-    disable = (not run.options.progress or run.rank != 0) if run.options.progress is not None else (
-        None if run.rank == 0 else True)
-    return tqdm(loader, desc=f"epoch {epoch + 1}/{run.train_config.epochs}", leave=False, disable=disable)
+    "A progress bar on rank 0: widgets in a notebook that has them, text on a terminal, none elsewhere (tests)."
+    notebook = _widget_notebook()
+    if run.rank != 0:
+        disable = True
+    elif run.options.progress is None:
+        disable = False if notebook else None  # None: tqdm shows the bar only on a terminal
+    else:
+        disable = not run.options.progress
+    bar = auto_tqdm if notebook else tqdm
+    return bar(loader, desc=f"epoch {epoch + 1}/{run.train_config.epochs}", leave=False, disable=disable)
+
+
+def _out_of_time(run: Run) -> bool:
+    "Whether the run's `time_budget_s` is spent (decided by rank 0 and shared, so that all processes stop together)."
+    if run.options.time_budget_s is None:
+        return False
+    spent = float(time.time() - run.started > run.options.time_budget_s) if run.rank == 0 else 0.0
+    return all_reduce_sum([spent], run.device)[0] > 0
 
 
 def train_one_epoch(run: Run, epoch: int) -> tuple[float, int, float]:
@@ -457,7 +525,12 @@ def train_one_epoch(run: Run, epoch: int) -> tuple[float, int, float]:
     run.loaders["train"].sampler.set_epoch(epoch)
     started, loss_sum, n_examples = time.time(), 0.0, 0
     bar = _progress_bar(run, run.loaders["train"], epoch)
-    for input_ids, padding_mask, labels in bar:
+    for step, (input_ids, padding_mask, labels) in enumerate(bar):
+        if _out_of_time(run):
+            run.budget_stop = {"epoch": epoch + 1, "steps_done": step, "steps_per_epoch": len(run.loaders["train"]),
+                               "examples": n_examples, "seconds": time.time() - started,
+                               "examples_per_s": n_examples / max(time.time() - started, 1e-9)}
+            break
         input_ids, labels = input_ids.to(run.device, non_blocking=True), labels.to(run.device, non_blocking=True)
         padding_mask = padding_mask.to(run.device, non_blocking=True) if padding_mask is not None else None
         with torch.autocast(run.device.type, dtype=run.dtype, enabled=run.dtype is not None):
@@ -475,7 +548,7 @@ def train_one_epoch(run: Run, epoch: int) -> tuple[float, int, float]:
         n_examples += len(labels)
         bar.set_postfix(loss=f"{loss.item():.3f}")
     loss_sum, n_examples = all_reduce_sum([loss_sum, float(n_examples)], run.device)
-    return loss_sum / n_examples, int(n_examples), time.time() - started
+    return loss_sum / max(n_examples, 1), int(n_examples), time.time() - started
 
 
 def announce(run: Run) -> None:
@@ -568,6 +641,13 @@ def finish(run: Run) -> dict:
     """Step 6: for a complete run, test the best-validation model and write the outputs; an incomplete one
     (stopped by `stop_after`) returns its record with "complete": False and keeps its checkpoint."""
     results = _record(run)
+    if run.budget_stop is not None:
+        examples, seconds = run.n_seen + run.budget_stop["examples"], run.train_time + run.budget_stop["seconds"]
+        results["time_budget"] = {"budget_s": run.options.time_budget_s, **run.budget_stop, "examples_trained": examples,
+                                  "train_seconds": seconds, "train_examples_per_s": examples / max(seconds, 1e-9)}
+        run.show(f"{run.name}: time budget of {run.options.time_budget_s:g} s spent in epoch {run.budget_stop['epoch']} "
+                 f"after {run.budget_stop['steps_done']} of {run.budget_stop['steps_per_epoch']} steps "
+                 f"({run.budget_stop['examples_per_s']:.0f} examples/s)")
     if not results["complete"]:
         run.show(f"{run.name}: stopped after epoch {len(run.history)} of {run.train_config.epochs}; "
                  f"run again to resume from {run.checkpoint_path}")
@@ -612,6 +692,9 @@ def train(
     for epoch in range(run.start_epoch, run.train_config.epochs):
         if run.options.stop_after is not None and epoch >= run.options.stop_after:
             break
-        validate(run, epoch, *train_one_epoch(run, epoch))
+        epoch_result = train_one_epoch(run, epoch)
+        if run.budget_stop is not None:  # a partial epoch: neither validated nor checkpointed
+            break
+        validate(run, epoch, *epoch_result)
         save_checkpoint(run, epoch)
     return finish(run)

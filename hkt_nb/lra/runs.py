@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from hkt_nb.lra.config import (
+    AMP_MODES,
     MODELS,
     PRESETS,
     SEQ_LEN,
@@ -36,8 +37,9 @@ from .listops import LISTOPS_SETTINGS
 from .loop import atomic_save, evaluate, resolve_device, save_predictions, train
 
 # %% auto #0
-__all__ = ['FULL_TRAIN_SIZE', 'predict_run', 'finished_run', 'load_or_train', 'estimate_seconds', 'warn_if_slow',
-           'check_experiment_parameters', 'Experiment', 'run_experiment', 'parse_args', 'main']
+__all__ = ['FULL_TRAIN_SIZE', 'predict_run', 'finished_run', 'load_or_train', 'default_results_dir', 'records_url',
+           'fetch_record', 'estimate_seconds', 'estimated_time', 'warn_if_slow', 'check_experiment_parameters',
+           'Experiment', 'run_experiment', 'parse_args', 'main']
 
 # %% ../../nbs/05b_runs.ipynb #57ce0bdd
 def predict_run(
@@ -113,6 +115,87 @@ def load_or_train(
         return {**record, "loaded": True}
     return {**train(task, model, preset, seed, results_dir=results_dir, **keywords), "loaded": False}
 
+# %% ../../nbs/05b_runs.ipynb #a27d9882
+import configparser
+import shutil
+import urllib.request
+from importlib import metadata
+
+import hkt_nb
+
+
+def _clone_root(start: Path) -> Path | None:
+    "The repository folder above `start` (one whose settings.ini names lib_name = hkt_nb), or None."
+    for folder in (start, *start.parents):
+        settings = folder / "settings.ini"
+        if settings.is_file() and "lib_name = hkt_nb" in settings.read_text():
+            return folder
+    return None
+
+
+def default_results_dir(
+    start=None,  # where to look from (default: the current folder)
+    drive=Path("/content/drive/MyDrive"),  # the mount point of Google Drive on Colab
+) -> Path:  # an absolute folder (not created)
+    """The one rule for where runs are written, shared by the chapters and `hkt-train`: `$HKT_RESULTS_DIR` when set;
+    else the repository's `results/` when `start` lies inside a clone; else `<drive>/hkt_nb/results` when Google
+    Drive is mounted (Colab: the runs and their checkpoints survive the runtime, so a run resumes after a
+    disconnect); else `./results`."""
+    if os.environ.get("HKT_RESULTS_DIR"):
+        return absolute_path(os.environ["HKT_RESULTS_DIR"])
+    start = absolute_path(start or Path.cwd())
+    root = _clone_root(start)
+    if root is not None:
+        return root / "results"
+    if Path(drive).is_dir():
+        return Path(drive) / "hkt_nb" / "results"
+    return start / "results"
+
+
+def records_url() -> str:
+    """The base address of the committed records of this version: the raw files of `git_url` (settings.ini, or the
+    installed package's home page) at the tag of the package version, folder results/."""
+    url = None
+    root = _clone_root(Path(__file__).resolve().parent) if "__file__" in globals() else None
+    if root is not None:
+        parser = configparser.ConfigParser()
+        parser.read(root / "settings.ini")
+        url = parser.get("DEFAULT", "git_url", fallback=None)
+    if url is None:
+        try:
+            url = metadata.metadata("hkt_nb").get("Home-page")
+        except metadata.PackageNotFoundError:
+            url = None
+    if not url or "github.com/" not in url:
+        raise RuntimeError("no repository address: set HKT_NB_RECORDS to a folder or URL holding the records")
+    owner_repo = url.rstrip("/").removesuffix(".git").split("github.com/", 1)[1]
+    return f"https://raw.githubusercontent.com/{owner_repo}/{hkt_nb.__version__}/results"
+
+
+def fetch_record(
+    name: str,  # a path relative to results/, e.g. "bench_cost_cpu.json" or "listops-hkt-cpu-seed0.json"
+    folder="results",  # where the record is looked for and copied to
+) -> Path:  # the local path of the record
+    """A committed record (results JSON, benchmark JSON) at `folder/name`; when it is not there (a chapter opened
+    alone, e.g. on Colab), copied from `$HKT_NB_RECORDS` (a local folder or a URL) or else downloaded from the
+    repository at this version (`records_url`). Raises FileNotFoundError naming the places tried."""
+    target = absolute_path(folder) / name
+    if target.is_file():
+        return target
+    source = os.environ.get("HKT_NB_RECORDS") or records_url()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if "://" in source:
+            with urllib.request.urlopen(f"{source.rstrip('/')}/{name}", timeout=30) as response:
+                target.write_bytes(response.read())
+        else:
+            shutil.copyfile(Path(source) / name, target)
+    except (OSError, ValueError) as error:
+        raise FileNotFoundError(f"record {name!r} is neither in {target.parent} nor available from {source} "
+                                f"({type(error).__name__}: {error})") from None
+    return target
+
+
 # %% ../../nbs/05b_runs.ipynb #2b17e48a
 #: Training examples of each task at full size (ListOps: the "paper" setting; IMDB and CIFAR-10: after the
 #: validation carve of chapter 4), the `paper` preset's data.
@@ -148,6 +231,30 @@ def estimate_seconds(
     train_config = preset.train_config(task)
     n_train = min(train_config.n_train or FULL_TRAIN_SIZE[task], FULL_TRAIN_SIZE[task])
     return train_config.epochs * n_train * ratio / throughput
+
+
+def estimated_time(
+    task: str,  # "listops", "imdb" or "scifar10"
+    models,  # the models about to run
+    preset: str | Preset,
+    seeds,  # the seeds about to run
+    device: str,  # "auto", "cpu" or "cuda[:k]"
+    results_dir="results",  # where the finished `cpu` runs are
+) -> str:  # one line to print before training
+    """The estimated training time of the runs about to start on the detected device, from recorded throughput
+    (`estimate_seconds`: the finished `cpu` runs), or what is missing for an estimate."""
+    preset = get_preset(preset)
+    target = torch.device("cuda" if str(device) != "cpu" and torch.cuda.is_available() else "cpu")
+    estimates = [estimate_seconds(task, model, preset, results_dir) for model in models]
+    if target.type != "cpu":
+        return (f"estimated time on {target}: no GPU throughput is recorded yet (`make gpu-check` records one); the "
+                f"{len(models) * len(seeds)} run(s) of preset {preset.name!r} are sized for one GPU")
+    if any(seconds is None for seconds in estimates):
+        return f"estimated time on this CPU: unknown (no finished cpu-preset run of {task} in {results_dir})"
+    total = sum(estimates) * len(seeds)
+    span = f"{total:.0f} s" if total < 120 else f"{total / 60:.0f} min" if total < 7200 else f"{total / 3600:,.0f} h"
+    return (f"estimated time on this CPU: about {span} for {len(models) * len(seeds)} run(s) of preset "
+            f"{preset.name!r} (from the throughput of the recorded cpu runs; finished runs are loaded instead)")
 
 
 def warn_if_slow(
@@ -216,7 +323,7 @@ def check_experiment_parameters(
             raise TypeError(f"{name} must be a path or None, got {folder!r}")
     return dict(task=task, models=models, preset=preset, seeds=seeds, device=device, retrain=retrain,
                 data_dir=None if data_dir is None else absolute_path(data_dir),
-                results_dir=absolute_path(results_dir))
+                results_dir=default_results_dir() if results_dir is None else absolute_path(results_dir))
 
 
 @dataclass
@@ -265,7 +372,7 @@ def run_experiment(
     seeds=None,  # None = the preset's seeds
     device: str = "auto",
     data_dir=None,  # None = `$HKT_DATA_DIR`, else the hub
-    results_dir="results",  # finished runs here are loaded, new ones written here
+    results_dir=None,  # finished runs here are loaded, new ones written here (None: `default_results_dir()`)
     retrain: bool = False,  # train even when a finished run of the same configuration exists
 ) -> Experiment:
     """Check the parameters, print the setting, then load or train every (model, seed) run (chapters 6-8).
@@ -279,6 +386,8 @@ def run_experiment(
     print(f"preset {preset_object.name!r}: {preset_object.why}\ntask {task}: T = {SEQ_LEN[task]}, vocabulary "
           f"{vocab_size}, {n_classes} classes; models {params['models']}, seeds {params['seeds']}; results in "
           f"{params['results_dir']}", flush=True)
+    print(estimated_time(task, params["models"], preset_object, params["seeds"], device, params["results_dir"]),
+          flush=True)
     warn_if_slow(task, params["models"], preset_object, params["seeds"], device, params["results_dir"])
     for model in params["models"]:
         for seed in params["seeds"]:
@@ -319,11 +428,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=_non_negative_int, default=0)
     parser.add_argument("--device", default="auto", help='"auto" (default), "cpu" or "cuda[:k]"')
     parser.add_argument("--data-dir", default=None, help="local data folder (default: $HKT_DATA_DIR)")
-    parser.add_argument("--results-dir", default="results")
+    parser.add_argument("--results-dir", default=None, help="default: the repository's results/ inside a clone, "
+                        "else a mounted Google Drive's hkt_nb/results, else ./results ($HKT_RESULTS_DIR overrides)")
     parser.add_argument("--checkpoint-dir", default=None)
     parser.add_argument("--epochs", type=_positive_int, default=None, help="override the preset's number of epochs")
     parser.add_argument("--no-resume", action="store_true", help="start afresh even if a checkpoint exists")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--amp", default=None, choices=list(AMP_MODES),
+                        help='mixed precision (default: the preset\'s, "auto": bf16 on compute capability >= 8.0, '
+                             'else fp16 with loss scaling on GPUs, float32 on CPUs)')
+    parser.add_argument("--compile", default=None, action=argparse.BooleanOptionalAction,
+                        help="torch.compile the model (default: on CUDA only; execution only, never changes results)")
+    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                        help="stop cleanly between two steps after this many seconds (the run stays incomplete)")
     parser.add_argument("--threads", type=_positive_int, default=None,
                         help="torch CPU threads (default: torch's choice; use 1 when other jobs share the cores)")
     arguments = parser.parse_args(argv)
@@ -332,10 +449,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return arguments
 
 
+def _train_overrides(arguments: argparse.Namespace) -> dict:
+    "The `TrainConfig` fields set on the command line (`--amp`, `--compile`); unset ones keep the preset's."
+    return {name: value for name, value in (("amp", arguments.amp), ("compile", arguments.compile)) if value is not None}
+
+
 def main(argv=None) -> None:
     """Console entry point `hkt-train --task listops --model hkt --preset cpu --seed 0 [--device ...] ...`.
     Returns None, so that the process exits with status 0 (the results are in the JSON file)."""
     arguments = parse_args(argv)
+    arguments.results_dir = str(absolute_path(arguments.results_dir) if arguments.results_dir else default_results_dir())
+    print(f"hkt-train: results in {arguments.results_dir}", flush=True)
     if arguments.threads is not None:
         torch.set_num_threads(arguments.threads)
     if arguments.task in FULL_TRAIN_SIZE:
@@ -344,8 +468,8 @@ def main(argv=None) -> None:
     try:
         train(arguments.task, arguments.model, arguments.preset, arguments.seed, device=arguments.device,
               data_dir=arguments.data_dir, results_dir=arguments.results_dir, checkpoint_dir=arguments.checkpoint_dir,
-              epochs=arguments.epochs, resume=not arguments.no_resume,
-              progress=False if arguments.no_progress else None)
+              epochs=arguments.epochs, resume=not arguments.no_resume, time_budget_s=arguments.time_budget,
+              progress=False if arguments.no_progress else None, train_overrides=_train_overrides(arguments) or None)
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()

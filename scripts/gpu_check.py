@@ -1,0 +1,157 @@
+#!/usr/bin/env python
+"""The GPU check of issue 12: one command that a machine with one CUDA GPU runs in under 8 minutes, recording
+everything it measures under results/gpu/ (run from the repository root):
+
+    python scripts/gpu_check.py              # `make gpu-check`: on the GPU, writes results/gpu/
+    python scripts/gpu_check.py --dry-run    # `make gpu-check-dry`: every step on the CPU at toy size (~1 min),
+                                             # writes _build/gpu_check_dry/; part of `make test`, so it cannot rot
+
+Steps (each one's exit status, wall time and output file go to <out>/summary.json; a failing step does not stop
+the next):
+  1. environment   torch, GPU name, compute capability, the precision amp="auto" picks, SDPA backends enabled
+  2. cuda tests    `pytest -m cuda tests/test_cuda.py`: fp32 fused == explicit, finite bf16 / fp16 training
+                   steps, SDPA on flash / memory-efficient kernels only, memory linear in T up to 16,384
+  3. bench_cost    scripts/bench_cost.py --device cuda, T = 1,024 .. 16,384: HKT fused / MHA time and memory
+  4. listops       the `paper`-preset ListOps model, hkt and mha, each trained for a wall-clock budget that stops
+                   cleanly between steps; records how far it got and its throughput (examples/s). The training
+                   split is capped (--listops-train, default 6,000 examples: generating the full 96,000 takes
+                   longer than the whole check); the throughput does not depend on the split size.
+Nothing here is a result of the book until a run on a GPU has been recorded and committed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def environment(device: str) -> dict:
+    "What the machine is and what the library will choose on it."
+    import torch
+
+    from hkt_nb.lra.config import TrainConfig
+    from hkt_nb.lra.loop import amp_dtype, execution_settings
+    info = {"torch": torch.__version__, "cuda_available": torch.cuda.is_available(), "device": device,
+            "python": sys.version.split()[0], "cpu_count": os.cpu_count()}
+    target = torch.device(device)
+    if target.type == "cuda":
+        info.update(gpu=torch.cuda.get_device_name(target), capability=list(torch.cuda.get_device_capability(target)),
+                    memory_gib=round(torch.cuda.get_device_properties(target).total_memory / 2**30, 1),
+                    cuda=torch.version.cuda, bf16_supported_report=torch.cuda.is_bf16_supported(),
+                    flash_sdp_enabled=torch.backends.cuda.flash_sdp_enabled(),
+                    mem_efficient_sdp_enabled=torch.backends.cuda.mem_efficient_sdp_enabled())
+    info["amp_auto"] = str(amp_dtype(target, "auto"))
+    info["execution_settings"] = execution_settings(TrainConfig(), target)
+    return info
+
+
+def run_step(name: str, command: list[str], out: Path, env: dict, timeout: float) -> dict:
+    "Run one step as a subprocess with a timeout; its output goes to <out>/<name>.log."
+    started = time.time()
+    log = out / f"{name}.log"
+    print(f"[gpu-check] {name}: {' '.join(command)}", flush=True)
+    try:
+        with open(log, "w") as handle:
+            code = subprocess.run(command, cwd=ROOT, env={**os.environ, **env}, stdout=handle, stderr=subprocess.STDOUT,
+                                  timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        code = "timeout"
+    seconds = round(time.time() - started, 1)
+    print(f"[gpu-check] {name}: exit {code} after {seconds} s (log {log.relative_to(ROOT) if log.is_relative_to(ROOT) else log})",
+          flush=True)
+    return {"step": name, "exit": code, "seconds": seconds, "log": log.name, "command": command}
+
+
+def listops_budget_run(model: str, args) -> dict:
+    "Train `model` with the paper preset's model and batch for `args.budget` seconds; the record of how far it got."
+    from hkt_nb.lra.loop import train
+    task, preset = ("synthetic", "smoke") if args.dry_run else ("listops", "paper")
+    caps = {} if args.dry_run else {"n_train": args.listops_train, "n_val": 1000, "n_test": 2000}
+    started = time.time()
+    record = train(task, model, preset, 0, device=args.device, results_dir=args.out / "runs",
+                   checkpoint_dir=args.out / "runs" / "checkpoints" / model, resume=False, progress=False,
+                   time_budget_s=args.budget, train_overrides=caps)
+    keep = ("run", "complete", "task", "model", "preset", "config", "data", "n_params", "history", "time_budget",
+            "train_examples_per_s", "amp_dtype", "hardware", "test_acc")
+    summary = {k: record[k] for k in keep if k in record}
+    summary["wall_s_including_data_and_compile"] = round(time.time() - started, 1)
+    (args.out / f"listops_{model}_budget.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="every step on the CPU at toy size")
+    parser.add_argument("--out", type=Path, default=None, help="default results/gpu (dry run: _build/gpu_check_dry)")
+    parser.add_argument("--budget", type=float, default=None, help="seconds of training per model (default 60; dry 0.5)")
+    parser.add_argument("--listops-train", type=int, default=6000, help="training examples of the budgeted runs")
+    parser.add_argument("--max-length", type=int, default=None, help="longest T measured (default 16384; dry 256)")
+    parser.add_argument("--steps", nargs="+", default=["environment", "cuda-tests", "bench-cost", "listops"],
+                        choices=["environment", "cuda-tests", "bench-cost", "listops"])
+    parser.add_argument("--listops-only", default=None, help=argparse.SUPPRESS)  # internal: one budgeted run
+    args = parser.parse_args(argv)
+    args.device = "cpu" if args.dry_run else "cuda"
+    args.out = (args.out or ROOT / ("_build/gpu_check_dry" if args.dry_run else "results/gpu")).resolve()
+    args.budget = args.budget if args.budget is not None else (0.5 if args.dry_run else 60.0)
+    args.max_length = args.max_length or (256 if args.dry_run else 16384)
+    return args
+
+
+def bench_command(args) -> list[str]:
+    "scripts/bench_cost.py up to T = max_length (toy sizes in the dry run)."
+    command = [sys.executable, "scripts/bench_cost.py", "--device", args.device, "--out", str(args.out / f"bench_cost_{args.device}.json")]
+    if args.dry_run:
+        return command + ["--lengths", "64", "--sweep-length", "64", "--sweep-levels", "2", "--batch", "1",
+                          "--d-model", "16", "--heads", "2", "--repeats", "1", "--min-time", "0", "--warmup", "0"]
+    lengths = [str(T) for T in (1024, 2048, 4096, 8192, 16384) if T <= args.max_length]
+    return command + ["--lengths", *lengths, "--sweep-length", "4096", "--batch", "2", "--min-time", "0.3",
+                      "--mem-cap-gb", "24"]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.listops_only:
+        listops_budget_run(args.listops_only, args)
+        return 0
+    if not args.dry_run:
+        import torch
+        if not torch.cuda.is_available():
+            raise SystemExit("no CUDA GPU here: run `python scripts/gpu_check.py --dry-run` (or `make gpu-check-dry`)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    started, steps = time.time(), []
+    if "environment" in args.steps:
+        info = environment(args.device)
+        (args.out / "environment.json").write_text(json.dumps(info, indent=1) + "\n")
+        print(f"[gpu-check] environment: {info}", flush=True)
+        steps.append({"step": "environment", "exit": 0, "file": "environment.json"})
+    env = {"HKT_TEST_DEVICE": args.device, "HKT_GPU_CHECK_MAX_T": str(args.max_length),
+           "HKT_GPU_CHECK_OUT": str(args.out / "cuda_tests"), "PYTHONPATH": str(ROOT)}
+    if "cuda-tests" in args.steps:
+        steps.append(run_step("cuda-tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda",
+                                             "tests/test_cuda.py", f"--junitxml={args.out / 'cuda_tests.xml'}"],
+                              args.out, env, timeout=600 if args.dry_run else 240))
+    if "bench-cost" in args.steps:
+        steps.append(run_step("bench-cost", bench_command(args), args.out, env, timeout=300 if args.dry_run else 150))
+    if "listops" in args.steps:
+        for model in ("hkt", "mha"):
+            command = [sys.executable, "scripts/gpu_check.py", "--listops-only", model, "--budget", str(args.budget),
+                       "--listops-train", str(args.listops_train), "--out", str(args.out)] + (["--dry-run"] if args.dry_run else [])
+            steps.append(run_step(f"listops-{model}", command, args.out, env, timeout=args.budget + 240))
+    summary = {"dry_run": args.dry_run, "device": args.device, "wall_s": round(time.time() - started, 1), "steps": steps,
+               "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    failed = [s["step"] for s in steps if s["exit"] != 0]
+    print(f"[gpu-check] {'dry run ' if args.dry_run else ''}done in {summary['wall_s']} s; "
+          f"{'failed: ' + ', '.join(failed) if failed else 'all steps passed'}; records in {args.out}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

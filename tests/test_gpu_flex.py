@@ -1,0 +1,51 @@
+"""The experimental FlexAttention form of HKT (impl="flex", issue 12 item 6): its forward pass equals the explicit
+form on the CPU (FlexAttention's CPU forward), masks, causal mode and level counts included. Its backward pass and
+speed exist only on CUDA and are measured by `make gpu-check` (tests/test_cuda.py)."""
+import pytest
+import torch
+
+from hkt_nb import HierarchicalAttention
+
+flex = pytest.importorskip("torch.nn.attention.flex_attention")
+
+
+@pytest.mark.parametrize("n_levels", [1, 2, 3, 4])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("T", [16, 37])  # a multiple of s^(L-1) and not
+def test_flex_forward_equals_explicit(n_levels, causal, masked, T):
+    torch.manual_seed(n_levels + 10 * causal)
+    layer = HierarchicalAttention(16, 2, n_levels=n_levels, causal=causal).eval()
+    with torch.no_grad():
+        layer.level_logits.normal_()  # unequal level weights, per head
+        layer.gate_logits.normal_()
+    x = torch.randn(3, T, 16)
+    mask = None
+    if masked:
+        mask = torch.zeros(3, T, dtype=torch.bool)
+        mask[1, T - 5:] = True
+        mask[2, 3:] = True
+    with torch.no_grad():
+        got, want = layer(x, mask, impl="flex"), layer(x, mask, impl="explicit")
+    real = torch.ones(3, T, dtype=torch.bool) if mask is None else ~mask
+    torch.testing.assert_close(got[real], want[real], rtol=1e-4, atol=1e-5)
+    assert torch.isfinite(got).all()  # padded queries too
+
+
+def test_flex_refuses_attention_dropout_in_training():
+    layer = HierarchicalAttention(16, 2, dropout=0.1).train()
+    with pytest.raises(ValueError, match="no attention dropout"):
+        layer(torch.randn(1, 8, 16), impl="flex")
+    with torch.no_grad():
+        layer.eval()(torch.randn(1, 8, 16), impl="flex")  # evaluation: dropout is off, flex runs
+
+
+def test_flex_on_cpu_is_forward_only():
+    "FlexAttention in this torch has no CPU backward: a graph that needs gradients is refused, not silently wrong."
+    with pytest.raises(NotImplementedError, match="backward on CPU"):
+        HierarchicalAttention(16, 2).eval()(torch.randn(1, 8, 16), impl="flex")
+
+
+def test_unknown_impl_names_flex():
+    with pytest.raises(ValueError, match="flex"):
+        HierarchicalAttention(16, 2)(torch.randn(1, 8, 16), impl="sdpa")

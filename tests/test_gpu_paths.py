@@ -1,0 +1,205 @@
+"""Tests of the GPU code paths that run without a GPU (issue 12): precision choice by compute capability, one
+graph under torch.compile, execution-only settings, the time budget and the CLI flags."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo as dynamo
+
+from hkt_nb import (
+    ClassifierConfig,
+    HierarchicalAttention,
+    HKTClassifier,
+    MultiHeadAttention,
+)
+from hkt_nb.lra.config import PRESETS, TrainConfig, result_relevant
+from hkt_nb.lra.loop import _optimisation, amp_dtype, execution_settings, train
+from hkt_nb.lra.runs import _train_overrides, finished_run, parse_args
+
+ROOT = Path(__file__).resolve().parents[1]
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture
+def fake_capability(monkeypatch):
+    "Fake `torch.cuda.get_device_capability` (no GPU needed): call with the (major, minor) to report."
+    def set_capability(major, minor):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, minor))
+    return set_capability
+
+
+@pytest.mark.parametrize("capability, expected", [((6, 0), torch.float16), ((7, 0), torch.float16),
+                                                  ((7, 5), torch.float16), ((8, 0), torch.bfloat16),
+                                                  ((8, 9), torch.bfloat16), ((9, 0), torch.bfloat16)])
+def test_amp_auto_bf16_only_on_native_hardware(fake_capability, capability, expected):
+    fake_capability(*capability)  # P100, V100, T4 (emulated bf16) -> fp16; A100, L4, H100 -> bf16
+    assert amp_dtype(CUDA, "auto") == expected
+    assert amp_dtype(CUDA, "bf16") == torch.bfloat16 and amp_dtype(CUDA, "fp16") == torch.float16
+    assert amp_dtype(CUDA, "off") is None
+
+
+def test_amp_auto_ignores_emulated_bf16_support(fake_capability, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # what a T4 reports
+    fake_capability(7, 5)
+    assert amp_dtype(CUDA) == torch.float16
+
+
+def test_amp_on_cpu_unchanged_and_bad_mode_rejected():
+    cpu = torch.device("cpu")
+    assert amp_dtype(cpu) is None and amp_dtype(cpu, "off") is None
+    assert amp_dtype(cpu, "bf16") == torch.bfloat16 and amp_dtype(cpu, "fp16") == torch.float16
+    with pytest.raises(ValueError, match="amp must be"):
+        amp_dtype(cpu, "fp8")
+
+
+@pytest.mark.parametrize("dtype, scaled", [(torch.float16, True), (torch.bfloat16, False), (None, False)])
+def test_loss_scaling_only_for_float16(dtype, scaled):
+    model = HKTClassifier(ClassifierConfig(vocab_size=5, n_classes=2, max_len=8, d_model=8, n_heads=2, n_layers=1))
+    _, _, scaler = _optimisation(model, TrainConfig(), 10, torch.device("cpu"), dtype)
+    assert scaler.is_enabled() == scaled
+
+
+def _mask():
+    mask = torch.zeros(2, 12, dtype=torch.bool)
+    mask[1, 9:] = True
+    return mask
+
+
+def _breaks(module, *args):
+    dynamo.reset()
+    explanation = dynamo.explain(module)(*args)
+    return explanation.graph_break_count, [str(b.reason)[:120] for b in explanation.break_reasons]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("layer", [HierarchicalAttention(16, 2), HierarchicalAttention(16, 2, causal=True),
+                                   MultiHeadAttention(16, 2)], ids=["hkt", "hkt-causal", "mha"])
+def test_attention_layers_compile_in_one_graph(layer, masked):
+    assert _breaks(layer, torch.randn(2, 12, 16), _mask() if masked else None) == (0, [])
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("attention", ["hkt", "mha"])
+def test_classifier_compiles_in_one_graph(attention, masked):
+    model = HKTClassifier(ClassifierConfig(vocab_size=10, n_classes=3, max_len=16, d_model=16, n_heads=2,
+                                           n_layers=2, attention=attention))
+    ids = torch.randint(0, 10, (2, 12))
+    assert _breaks(model, ids, _mask() if masked else None) == (0, [])
+
+
+def test_value_checks_still_run_in_eager_mode():
+    left_padded = torch.zeros(2, 12, dtype=torch.bool)
+    left_padded[1, :3] = True
+    with pytest.raises(ValueError, match="right padding"):
+        HierarchicalAttention(16, 2)(torch.randn(2, 12, 16), left_padded)
+    with pytest.raises(ValueError, match="right padding"):
+        MultiHeadAttention(16, 2)(torch.randn(2, 12, 16), left_padded)
+    model = HKTClassifier(ClassifierConfig(vocab_size=10, n_classes=3, max_len=16, d_model=16, n_heads=2))
+    with pytest.raises(ValueError, match="token ids"):
+        model(torch.full((1, 4), 10))
+
+
+def test_execution_settings_by_device(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 12)
+    assert execution_settings(TrainConfig(), torch.device("cpu")) == {"num_workers": 0, "pin_memory": False,
+                                                                      "compile": False}
+    assert execution_settings(TrainConfig(), CUDA) == {"num_workers": 4, "pin_memory": True, "compile": True}
+    assert execution_settings(TrainConfig(), CUDA, world=4)["num_workers"] == 2  # 12 cores / 4 processes - 1
+    explicit = TrainConfig(num_workers=1, pin_memory=False, compile=False)
+    assert execution_settings(explicit, CUDA) == {"num_workers": 1, "pin_memory": False, "compile": False}
+    assert execution_settings(TrainConfig(pin_memory=True), torch.device("cpu"))["pin_memory"] is False
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    assert execution_settings(TrainConfig(), CUDA)["num_workers"] == 1
+
+
+@pytest.mark.parametrize("field, value", [("num_workers", -1), ("num_workers", True), ("num_workers", 1.5),
+                                          ("pin_memory", "yes"), ("compile", 1)])
+def test_execution_fields_checked(field, value):
+    with pytest.raises(ValueError, match=field):
+        TrainConfig(**{field: value})
+
+
+def test_execution_fields_do_not_make_finished_runs_stale():
+    for field in ("num_workers", "pin_memory", "compile"):
+        assert field not in result_relevant(TrainConfig())
+    records = sorted((ROOT / "results").glob("*-cpu-seed0.json"))
+    assert records, "the committed cpu runs are missing"
+    for path in records:
+        record = json.loads(path.read_text())
+        found = finished_run(record["task"], record["model"], "cpu", 0, ROOT / "results")
+        assert found is not None and found["test_acc"] == record["test_acc"], path.name
+
+
+def test_cli_precision_compile_and_budget_flags():
+    arguments = parse_args(["--task", "listops", "--amp", "fp16", "--no-compile", "--time-budget", "90"])
+    assert _train_overrides(arguments) == {"amp": "fp16", "compile": False} and arguments.time_budget == 90.0
+    arguments = parse_args(["--task", "listops", "--compile"])
+    assert _train_overrides(arguments) == {"compile": True}
+    assert _train_overrides(parse_args(["--task", "listops"])) == {}
+    with pytest.raises(SystemExit):
+        parse_args(["--task", "listops", "--amp", "fp8"])
+
+
+SMALL = {"n_train": 128, "n_val": 32, "n_test": 32}
+
+
+def test_time_budget_stops_cleanly_between_steps(tmp_path):
+    record = train("synthetic", "hkt", "smoke", 0, device="cpu", results_dir=tmp_path, progress=False,
+                   verbose=False, time_budget_s=0.0, train_overrides=SMALL)
+    budget = record["time_budget"]
+    assert not record["complete"] and record["history"] == []
+    assert budget["epoch"] == 1 and budget["steps_done"] == 0 and budget["examples"] == budget["examples_trained"] == 0
+    assert budget["steps_per_epoch"] == -(-record["data"]["n_train"] // PRESETS["smoke"].train.batch_size)
+    assert not (tmp_path / f"{record['run']}.json").exists()  # an incomplete run writes no results file
+
+
+def test_resume_ignores_execution_only_fields(tmp_path):
+    kw = dict(device="cpu", progress=False, verbose=False, results_dir=tmp_path, checkpoint_dir=tmp_path / "c")
+    part = train("synthetic", "hkt", "smoke", 0, stop_after=1, train_overrides=SMALL, **kw)
+    assert len(part["history"]) == 1
+    resumed = train("synthetic", "hkt", "smoke", 0,
+                    train_overrides={**SMALL, "num_workers": 0, "pin_memory": False, "compile": False}, **kw)
+    assert resumed["complete"] and resumed["history"][0] == part["history"][0]
+
+
+def test_results_dir_rule(tmp_path, monkeypatch):
+    from hkt_nb.lra.runs import default_results_dir
+    monkeypatch.delenv("HKT_RESULTS_DIR", raising=False)
+    assert default_results_dir(ROOT / "nbs") == ROOT / "results"  # inside a clone: the repository's results/
+    outside, drive = tmp_path / "colab", tmp_path / "drive"
+    outside.mkdir()
+    assert default_results_dir(outside, drive=drive) == outside / "results"  # no Drive: ./results
+    drive.mkdir()
+    assert default_results_dir(outside, drive=drive) == drive / "hkt_nb" / "results"  # Drive mounted
+    monkeypatch.setenv("HKT_RESULTS_DIR", str(tmp_path / "mine"))
+    assert default_results_dir(outside, drive=drive) == tmp_path / "mine"
+
+
+def test_fetch_record_from_the_override_never_the_network(tmp_path, monkeypatch):
+    from hkt_nb.lra.runs import fetch_record, records_url
+    assert records_url().startswith("https://raw.githubusercontent.com/") and records_url().endswith("/results")
+    monkeypatch.setenv("HKT_NB_RECORDS", str(ROOT / "results"))
+    local = tmp_path / "results"
+    path = fetch_record("bench_cost_cpu.json", local)
+    assert path == local / "bench_cost_cpu.json" and path.read_bytes() == (ROOT / "results/bench_cost_cpu.json").read_bytes()
+    assert fetch_record("bench_cost_cpu.json", local) == path  # already there: no copy
+    with pytest.raises(FileNotFoundError, match="no-such-record.json"):
+        fetch_record("no-such-record.json", local)
+
+
+def test_estimated_time_before_training(monkeypatch):
+    from hkt_nb.lra.runs import estimated_time
+    line = estimated_time("listops", ["hkt", "mha"], "paper", [0, 1, 2], "cpu", ROOT / "results")
+    assert line.startswith("estimated time on this CPU: about ") and line.split()[7] == "h" and "6 run(s)" in line
+    assert "unknown" in estimated_time("imdb", ["hkt"], "smoke", [0], "cpu", ROOT / "tests")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert "no GPU throughput is recorded" in estimated_time("listops", ["hkt"], "paper", [0], "auto", ROOT / "results")
+
+
+def test_checkpoints_live_inside_the_results_folder(tmp_path):
+    record = train("synthetic", "hkt", "smoke", 0, device="cpu", results_dir=tmp_path / "results", progress=False,
+                   verbose=False, stop_after=1, train_overrides=SMALL)
+    assert record["checkpoint_dir"] == "checkpoints/synthetic-hkt-smoke-seed0"
+    assert (tmp_path / "results" / "checkpoints" / "synthetic-hkt-smoke-seed0" / "last.pt").exists()
+    assert not (tmp_path / "checkpoints").exists()
