@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch._dynamo as dynamo
 
+import hkt_nb
+
 from hkt_nb import (
     ClassifierConfig,
     HierarchicalAttention,
@@ -179,6 +181,7 @@ def test_results_dir_rule(tmp_path, monkeypatch):
 def test_fetch_record_from_the_override_never_the_network(tmp_path, monkeypatch):
     from hkt_nb.lra.runs import fetch_record, records_url
     assert records_url().startswith("https://raw.githubusercontent.com/") and records_url().endswith("/results")
+    assert f"/v{hkt_nb.__version__}/results" in records_url()  # the release tag v<version>
     monkeypatch.setenv("HKT_NB_RECORDS", str(ROOT / "results"))
     local = tmp_path / "results"
     path = fetch_record("bench_cost_cpu.json", local)

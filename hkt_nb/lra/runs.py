@@ -154,7 +154,7 @@ def default_results_dir(
 
 def records_url() -> str:
     """The base address of the committed records of this version: the raw files of `git_url` (settings.ini, or the
-    installed package's home page) at the tag of the package version, folder results/."""
+    installed package's home page) at the tag `v<version>` of the package version (the release tag), folder results/."""
     url = None
     root = _clone_root(Path(__file__).resolve().parent) if "__file__" in globals() else None
     if root is not None:
@@ -169,7 +169,7 @@ def records_url() -> str:
     if not url or "github.com/" not in url:
         raise RuntimeError("no repository address: set HKT_NB_RECORDS to a folder or URL holding the records")
     owner_repo = url.rstrip("/").removesuffix(".git").split("github.com/", 1)[1]
-    return f"https://raw.githubusercontent.com/{owner_repo}/{hkt_nb.__version__}/results"
+    return f"https://raw.githubusercontent.com/{owner_repo}/v{hkt_nb.__version__}/results"
 
 
 def fetch_record(
