@@ -40,7 +40,7 @@ def test_every_repository_link_derives_from_settings():
         for link in LINK.findall(path.read_text(encoding="utf-8")):
             if link.startswith("https://github.com/") and "/actions/" in link:
                 continue
-            if not any(link == p or link.startswith(p.rstrip("/") + "/") or link.startswith(p + "?") for p in prefixes):
+            if not any(link == p or link.startswith(p.rstrip("/") + "/") or link.startswith(p + "?") or link.startswith(p + "@") for p in prefixes):
                 foreign.append(f"{path.relative_to(ROOT)}: {link}")
     assert foreign == [], "links not derived from settings.ini git_url/doc_host/doc_baseurl"
 
