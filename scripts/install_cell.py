@@ -22,7 +22,8 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "# Installs hkt_nb"
 # modules that an extra brings, checked before installing (the core needs only torch and numpy)
-EXTRA_MODULES = {"lra": ("datasets", "PIL"), "theory": ()}
+EXTRA_MODULES = {"lra": ("datasets", "PIL"), "theory": (), "plot": ("matplotlib", "seaborn", "pandas")}
+PLOT_IMPORT = r"^\s*(import|from) (matplotlib|seaborn|pandas)\b"
 
 TEMPLATE = '''#| hide
 # Installs hkt_nb (this book's version) where it is missing, e.g. on Colab; does nothing where it is installed.
@@ -40,9 +41,12 @@ def settings() -> configparser.SectionProxy:
 
 
 def extras_of(nb) -> list[str]:
-    "The extras a chapter needs: those whose subpackage (hkt_nb.lra, hkt_nb.theory) its code imports."
+    "The extras a chapter needs: the subpackages (hkt_nb.lra, hkt_nb.theory) its code imports, and `plot` if it draws."
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    return [extra for extra in EXTRA_MODULES if re.search(rf"hkt_nb\.{extra}\b", code)]
+    extras = [extra for extra in ("lra", "theory") if re.search(rf"hkt_nb\.{extra}\b", code)]
+    if re.search(PLOT_IMPORT, code, re.M) or ".plot(" in code:  # the chapter draws (itself or through the library)
+        extras.append("plot")
+    return extras
 
 
 def cell_source(nb, cfg) -> str:

@@ -33,7 +33,10 @@ from .listops import LISTOPS_SETTINGS, make_listops, read_listops_tsv, write_lis
 
 with warnings.catch_warnings():  # tqdm.auto (imported by datasets) warns in Jupyter without ipywidgets
     warnings.filterwarnings("ignore", message="IProgress not found")
-    import datasets
+    try:
+        import datasets
+    except ImportError as error:  # `pip install hkt_nb` alone brings only the core layer
+        raise ImportError('hkt_nb.lra needs the [lra] extra: pip install "hkt_nb[lra]"') from error
 
 # %% auto #0
 __all__ = ['HUB_IDS', 'PARQUET_FILES', 'SPLITS', 'absolute_path', 'resolve_user_path', 'cache_dir', 'resolve_data_dir',

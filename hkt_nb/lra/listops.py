@@ -16,7 +16,10 @@ import numpy as np
 
 with warnings.catch_warnings():  # tqdm.auto (imported by datasets) warns in Jupyter without ipywidgets
     warnings.filterwarnings("ignore", message="IProgress not found")
-    import datasets
+    try:
+        import datasets
+    except ImportError as error:  # `pip install hkt_nb` alone brings only the core layer
+        raise ImportError('hkt_nb.lra needs the [lra] extra: pip install "hkt_nb[lra]"') from error
 
 # %% auto #0
 __all__ = ['LISTOPS_OPERATORS', 'LISTOPS_END', 'VALUE_P', 'LISTOPS_SETTINGS', 'generate_tree', 'listops_value', 'tree_to_source',
@@ -179,7 +182,7 @@ def _generate_listops_rows(n_examples, params: dict, *, seed, stream=0, num_proc
                         rows.append(row)
     finally:
         if pool is not None:
-            pool.close(); pool.join()
+            pool.terminate(); pool.join()  # at once, also on Ctrl-C (the results are already consumed)
     return rows
 
 
