@@ -98,8 +98,11 @@ def test_conv_bound_values():
     wb = window_mse_lower_bound(8, 3)
     torch.testing.assert_close(wb, torch.tensor([7, 6, 5, 5, 5, 5, 5, 5], dtype=f64) / 8)
     assert abs(window_mse_lower_bound(32, 32).mean().item() - 31 / 64) < 1e-12
-    # width 1: v_{t-1} is unseen for t >= 1
-    torch.testing.assert_close(conv_mse_lower_bound(4, 1), torch.tensor([1 - 1 / 16] + [2 - 1 / 16] * 3, dtype=f64))
+    # width 1: v_{t-1} is unseen for t >= 1, but cancels when the flag sits at t - 1 (probability 1/T):
+    # affine residual 3 - (1 + 1/T)^2 = 2 - 2/T - 1/T^2, Bayes error 2 - 3/T (not 2 - 1/T^2 and 2 - 1/T)
+    torch.testing.assert_close(conv_mse_lower_bound(4, 1), torch.tensor([1 - 1 / 16] + [2 - 2 / 4 - 1 / 16] * 3, dtype=f64))
+    torch.testing.assert_close(window_mse_lower_bound(4, 1), torch.tensor([1 - 1 / 4] + [2 - 3 / 4] * 3, dtype=f64))
+    torch.testing.assert_close(window_mse_lower_bound(2, 1), torch.tensor([0.5, 0.5], dtype=f64))  # T = 2, t = 1: flag at 0 half the time
     assert (window_mse_lower_bound(16, 5) <= conv_mse_lower_bound(16, 5)).all()
 
 
@@ -116,7 +119,16 @@ def test_window_bound_is_attained_by_window_bayes_predictor():
     assert ((mse - window_mse_lower_bound(T, k)).abs() < 0.05).all()
 
 
-@pytest.mark.parametrize("k", [2, 3, 8])
+def test_width_one_bayes_predictor_attains_the_bound():
+    # k = 1: the Bayes predictor from (v_t, m_t) is v_t (1 + m_t); its error is the bound 2 - 3/T at t >= 1
+    T, n = 6, 100000
+    feats, y = marker_difference_task(n, T, torch.Generator().manual_seed(2), dtype=f64)
+    v, m = feats[..., 0], feats[..., 1]
+    mse = (y - v * (1 + m)).pow(2).mean(0)
+    assert ((mse - window_mse_lower_bound(T, 1)).abs() < 0.03).all()
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
 def test_affine_bound_matches_least_squares_monte_carlo(k):
     T, n = 8, 40000
     feats, y = marker_difference_task(n, T, torch.Generator().manual_seed(1), dtype=f64)
@@ -176,3 +188,11 @@ def test_conv_mixer_is_hkt_conv_path():
     x, _ = padded(D=6)
     ref = causal_depthwise_conv(mixer.v_proj(x), mixer.value_conv.weight[:, 0], mixer.value_conv.bias)
     torch.testing.assert_close(mixer(x), mixer.out_proj(ref), rtol=0, atol=1e-12)
+
+
+def test_target_variance_per_position():
+    # Var y_0 = 2 + 2/T (Cov(v_p, v_0) = 1/T), Var y_t = 3 for t >= 1: the normaliser of the chapter's floors
+    T, n = 4, 200000
+    _, y = marker_difference_task(n, T, torch.Generator().manual_seed(3), dtype=f64)
+    var = y.var(0)
+    assert abs(var[0].item() - (2 + 2 / T)) < 0.03 and (var[1:] - 3).abs().max() < 0.05
