@@ -183,9 +183,11 @@ def execute(path: Path, parameters: dict | None = None):
 
 
 def check_figures(path: Path):
-    "A chapter that plots must show its figures: fail if it draws (plt./sns.) but has no image output."
+    """A chapter that plots must show its figures: fail if it draws (a top-level `plt.`/`sns.` statement; plotting
+    code inside a function that the chapter only defines draws nothing) but has no image output."""
     nb = nbformat.read(path, as_version=4)
-    plots = any(("plt." in c.source or "sns." in c.source) for c in nb.cells if c.cell_type == "code")
+    plots = any(re.match(r"\S.*\b(plt|sns)\.", line) for c in nb.cells if c.cell_type == "code"
+                for line in c.source.splitlines())
     images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     if plots and not images:
         sys.exit(f"{path.relative_to(ROOT)} draws figures but has no image output (matplotlib backend?)")
