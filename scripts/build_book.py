@@ -182,6 +182,23 @@ def execute(path: Path, parameters: dict | None = None):
     print(f"  executed {path.relative_to(ROOT)} in {time.time() - t0:.1f} s", flush=True)
 
 
+def strip_rules(path: Path) -> None:
+    """Remove horizontal rules (`---` lines) from markdown outputs, e.g. nbdev's `show_doc`: docutils allows a
+    transition only at the top level of a document, and myst-nb nests outputs in a container (Sphinx then fails
+    with an AssertionError in `visit_transition`)."""
+    nb = nbformat.read(path, as_version=4)
+    changed = False
+    for cell in nb.cells:
+        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            text = output.get("data", {}).get("text/markdown")
+            if text is not None:
+                kept = "\n".join(line for line in text.splitlines() if line.strip() not in ("---", "***", "___"))
+                if kept != text:
+                    output["data"]["text/markdown"], changed = kept, True
+    if changed:
+        nbformat.write(nb, path)
+
+
 def check_figures(path: Path):
     """A chapter that plots must show its figures: fail if it draws (a top-level `plt.`/`sns.` statement; plotting
     code inside a function that the chapter only defines draws nothing) but has no image output."""
@@ -237,6 +254,7 @@ def main(argv=None):
     if args.no_execute:
         return
     for name in pages:
+        strip_rules(SRC / f"{name}.ipynb")
         check_figures(SRC / f"{name}.ipynb")
     cmd = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(SRC), "--path-output", str(ROOT / "_build"), "-W", "-n", "--keep-going"]
     print("+", " ".join(cmd), flush=True)
