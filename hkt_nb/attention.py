@@ -130,9 +130,12 @@ def upsample_tokens(
     z: torch.Tensor,  # (B, H, T_l, d) coarse tokens
     index: torch.Tensor,  # (T,) from `upsample_index`
     valid: torch.Tensor,  # (T,) bool from `upsample_index`
-) -> torch.Tensor:  # (B, H, T, d)
-    "$U_l Z$: each fine position gets its coarse token; zero rows where `valid` is False."
-    return z.index_select(-2, index) * valid[:, None].to(z.dtype)
+    dim: int = -2,  # the axis of the T_l coarse positions (-1: the columns, $Z U_l^\top$)
+) -> torch.Tensor:  # (B, H, T, d) for dim=-2
+    "$U_l Z$: each fine position gets its coarse token; zero rows where `valid` is False (along `dim`)."
+    shape = [1] * z.dim()
+    shape[dim] = -1
+    return z.index_select(dim, index) * valid.view(shape).to(z.dtype)
 
 
 def upsample_scores(
@@ -140,9 +143,8 @@ def upsample_scores(
     index: torch.Tensor,  # (T,) from `upsample_index`
     valid: torch.Tensor,  # (T,) bool from `upsample_index`
 ) -> torch.Tensor:  # (B, H, T, T)
-    "Eq. (2): $U_l S U_l^\top$, zero where query or key is not `valid`."
-    up = s.index_select(-2, index).index_select(-1, index)
-    return up * (valid[:, None] & valid[None, :]).to(s.dtype)
+    "Eq. (2): $U_l S U_l^\top$, zero where query or key is not `valid`: `upsample_tokens` on rows, then columns."
+    return upsample_tokens(upsample_tokens(s, index, valid), index, valid, dim=-1)
 
 # %% ../nbs/02_attention.ipynb #5f274133
 def fuse_scores(

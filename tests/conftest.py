@@ -3,13 +3,19 @@
 - `repo_root`: the repository root (a `Path`).
 - `data_dir`: the real IMDB / CIFAR-10 copies (`HKT_DATA_DIR`, else `../shared/data` beside the checkout);
   the test is skipped with a reason when there is none.
+- `settings`: the `[DEFAULT]` section of settings.ini (version, repository address, extras).
+- `build_book`: scripts/build_book.py, imported as the module `build_book`.
+- `padded_batch`, `randomise`: factories of a right-padded float64 batch and of random layer parameters.
 - `one_thread`: one torch thread for the test (deterministic, not slowed by other jobs on a 2-core machine).
 - autouse: torch seeded with 0 before every test; every cache (`HKT_CACHE_DIR`) in one temporary folder per
   session, never the user's cache.
 Markers (registered in pyproject.toml): `slow` (> ~10 s; CI runs them, `-m "not slow"` skips them locally)
 and `cuda` (skipped without a CUDA GPU).
 """
+import configparser
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,6 +38,24 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def settings() -> configparser.SectionProxy:
+    "The `[DEFAULT]` section of settings.ini, where the version, the repository address and the extras are written."
+    parser = configparser.ConfigParser(delimiters=["="])
+    parser.read(REPO_ROOT / "settings.ini", encoding="utf-8")
+    return parser["DEFAULT"]
+
+
+@pytest.fixture(scope="session")
+def build_book():
+    "scripts/build_book.py (the book build), imported as the module `build_book`."
+    spec = importlib.util.spec_from_file_location("build_book", REPO_ROOT / "scripts" / "build_book.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("build_book", module)
+    spec.loader.exec_module(module)
+    return module
 
 
 def find_data_dir() -> Path | None:

@@ -16,23 +16,9 @@ from hkt_nb.attention import (
 f64 = torch.float64
 
 
-def padded_batch(B=3, T=13, D=16, lengths=(13, 9, 2), dtype=f64):
-    x = torch.randn(B, T, D, dtype=dtype)
-    kpm = torch.arange(T)[None] >= torch.tensor(lengths)[:, None]
-    return x, kpm
-
-
-def randomise(layer, std=0.3):
-    "Non-trivial parameters everywhere (fusion logits and gates too), so no term is accidentally zero."
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.normal_(0, std)
-    return layer
-
-
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n_levels,stride,kernel_size", [(3, 2, None), (2, 3, 4), (4, 2, 3), (1, 2, None)])
-def test_fused_equals_explicit(causal, n_levels, stride, kernel_size):
+def test_fused_equals_explicit(causal, n_levels, stride, kernel_size, padded_batch, randomise):
     layer = randomise(HierarchicalAttention(16, 4, n_levels, stride, causal=causal, kernel_size=kernel_size).double())
     x, kpm = padded_batch()  # T = 13: not a multiple of s^(L-1)
     for mask in (None, kpm):
@@ -40,7 +26,7 @@ def test_fused_equals_explicit(causal, n_levels, stride, kernel_size):
         torch.testing.assert_close(fused, explicit, rtol=0, atol=1e-12)
 
 
-def test_fused_scores_are_the_sum_of_upsampled_levels():
+def test_fused_scores_are_the_sum_of_upsampled_levels(padded_batch, randomise):
     layer = randomise(HierarchicalAttention(16, 4, 3, 2).double())
     x, _ = padded_batch()
     sc = layer.scores(x)
@@ -57,7 +43,7 @@ def test_fused_scores_are_the_sum_of_upsampled_levels():
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_from_mha_equals_mha(bias):
+def test_from_mha_equals_mha(bias, padded_batch, randomise):
     mha = randomise(nn.MultiheadAttention(16, 4, bias=bias, batch_first=True).double())
     layer = HierarchicalAttention.from_mha(mha, n_levels=3, stride=2)
     x, kpm = padded_batch()
@@ -67,7 +53,7 @@ def test_from_mha_equals_mha(bias):
             torch.testing.assert_close(layer(x, mask, impl=impl), ref, rtol=0, atol=1e-12)
 
 
-def test_from_mha_after_training_step_levels_still_matter():
+def test_from_mha_after_training_step_levels_still_matter(padded_batch, randomise):
     "from_mha is exact, and the layer it returns is a full HKT layer: coarse levels become active when trained."
     mha = randomise(nn.MultiheadAttention(16, 4, batch_first=True).double())
     layer = HierarchicalAttention.from_mha(mha)
@@ -85,7 +71,7 @@ def test_from_mha_rejects_unsupported():
         HierarchicalAttention.from_mha(nn.Linear(16, 16))
 
 
-def test_gate_zero_is_causal_depthwise_convolution():
+def test_gate_zero_is_causal_depthwise_convolution(padded_batch, randomise):
     "Prop. 3.4, second half: g = 0 gives W_O(causal depthwise conv of V)."
     layer = randomise(HierarchicalAttention(16, 4, 3, 2, conv_kernel_size=3).double())
     with torch.no_grad():
@@ -100,7 +86,7 @@ def test_gate_zero_is_causal_depthwise_convolution():
 
 @pytest.mark.parametrize("impl", ["fused", "explicit"])
 @pytest.mark.parametrize("kernel_size", [None, 3])
-def test_causal_mode_does_not_leak(impl, kernel_size):
+def test_causal_mode_does_not_leak(impl, kernel_size, randomise):
     layer = randomise(HierarchicalAttention(16, 2, 3, 2, causal=True, kernel_size=kernel_size).double())
     x = torch.randn(2, 21, 16, dtype=f64)
     for i in range(0, 21, 4):
@@ -117,7 +103,7 @@ def test_nearest_upsampling_would_leak():
     assert all((2 * (m + 1) - 1) <= i for i, (m, ok) in enumerate(zip(idx.tolist(), valid.tolist())) if ok)
 
 
-def test_real_outputs_ignore_padding_content_and_length():
+def test_real_outputs_ignore_padding_content_and_length(randomise):
     layer = randomise(HierarchicalAttention(16, 4, 3, 2).double())
     x = torch.randn(1, 7, 16, dtype=f64)
     alone = layer(x)
@@ -143,7 +129,7 @@ def test_fully_padded_row_is_finite_with_finite_gradients(cls):
         layer.zero_grad()
 
 
-def test_gradcheck_tiny_layer():
+def test_gradcheck_tiny_layer(randomise):
     layer = randomise(HierarchicalAttention(4, 2, 2, 2).double())
     x = torch.randn(1, 5, 4, dtype=f64, requires_grad=True)
     kpm = torch.tensor([[False, False, False, False, True]])
@@ -151,7 +137,7 @@ def test_gradcheck_tiny_layer():
         assert torch.autograd.gradcheck(lambda inp: layer(inp, kpm, impl=impl), (x,))
 
 
-def test_bf16_autocast_forward_is_finite():
+def test_bf16_autocast_forward_is_finite(padded_batch):
     layer = HierarchicalAttention(32, 4)
     x, kpm = padded_batch(D=32, dtype=torch.float32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -162,7 +148,7 @@ def test_bf16_autocast_forward_is_finite():
     assert (out.float() - ref).abs().max() < 0.1  # bf16 keeps 8 bits of mantissa
 
 
-def test_mha_baseline_matches_torch_mha():
+def test_mha_baseline_matches_torch_mha(padded_batch, randomise):
     torch_mha = randomise(nn.MultiheadAttention(16, 4, batch_first=True).double())
     ours = MultiHeadAttention(16, 4).double()
     with torch.no_grad():

@@ -1,31 +1,32 @@
 """Tests of hkt_nb.capacity: Prop. 3.4 constructors (float64), the strictness task, the conv bound, training."""
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hkt_nb.attention import HierarchicalAttention
-from hkt_nb.theory.capacity import (CausalConvMixer, SingleLayerRegressor, as_causal_conv, causal_depthwise_conv,
-                                    conv_mse_lower_bound, conv_only_layer, conv_path_reference, marker_difference_task,
-                                    mean_plus_difference, mean_plus_difference_layer, train_marker_difference,
-                                    window_mse_lower_bound)
+from hkt_nb.theory.capacity import (
+    CausalConvMixer,
+    SingleLayerRegressor,
+    as_causal_conv,
+    causal_depthwise_conv,
+    conv_mse_lower_bound,
+    conv_only_layer,
+    conv_path_reference,
+    marker_difference_task,
+    mean_plus_difference,
+    mean_plus_difference_layer,
+    train_marker_difference,
+    window_mse_lower_bound,
+)
 from hkt_nb.theory.probes import ProbeTraining
 
 f64 = torch.float64
 
 
-def padded(B=3, T=13, D=12, lengths=(13, 8, 2)):
-    x = torch.randn(B, T, D, dtype=f64)
-    return x, torch.arange(T)[None] >= torch.tensor(lengths)[:, None]
-
-
 @pytest.mark.parametrize("n_levels,stride", [(1, 2), (3, 2), (2, 3)])
-def test_from_mha_equals_mha(n_levels, stride):
-    mha = nn.MultiheadAttention(12, 3, batch_first=True).double()
-    with torch.no_grad():
-        for p in mha.parameters():
-            p.normal_(0, 0.3)
-    x, kpm = padded()
+def test_from_mha_equals_mha(n_levels, stride, padded_batch, randomise):
+    mha = randomise(nn.MultiheadAttention(12, 3, batch_first=True).double())
+    x, kpm = padded_batch(D=12, lengths=(13, 8, 2))
     ref, _ = mha(x, x, x, key_padding_mask=kpm, need_weights=False)
     hkt = HierarchicalAttention.from_mha(mha, n_levels=n_levels, stride=stride)
     for impl in ("fused", "explicit"):
@@ -33,15 +34,12 @@ def test_from_mha_equals_mha(n_levels, stride):
 
 
 @pytest.mark.parametrize("conv_kernel_size", [1, 3, 5])
-def test_closed_gate_is_conv(conv_kernel_size):
-    layer = HierarchicalAttention(12, 3, n_levels=3, conv_kernel_size=conv_kernel_size).double()
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.normal_(0, 0.3)
+def test_closed_gate_is_conv(conv_kernel_size, padded_batch, randomise):
+    layer = randomise(HierarchicalAttention(12, 3, n_levels=3, conv_kernel_size=conv_kernel_size).double())
     conv = as_causal_conv(layer)
     assert torch.equal(conv.gates, torch.zeros(3, dtype=f64))
     assert layer.gates.ne(0).all()  # the original is untouched
-    x, kpm = padded()
+    x, kpm = padded_batch(D=12, lengths=(13, 8, 2))
     ref = conv_path_reference(layer, x)
     for impl in ("fused", "explicit"):
         torch.testing.assert_close(conv(x, kpm, impl=impl), ref, rtol=0, atol=1e-12)
@@ -55,8 +53,8 @@ def test_conv_reference_known_answer():
     assert y.flatten().tolist() == [2.0, 3.0, 3.0, 3.0, 3.0]  # x_t - x_{t-1} + 2
 
 
-def test_conv_only_layer_matches_given_kernel():
-    x, _ = padded(D=6)
+def test_conv_only_layer_matches_given_kernel(padded_batch):
+    x, _ = padded_batch(D=6)
     w, b = torch.randn(6, 2, dtype=f64), torch.randn(6, dtype=f64)
     layer = conv_only_layer(w, b, n_heads=2, conv_kernel_size=4)
     torch.testing.assert_close(layer(x), causal_depthwise_conv(x, w, b), rtol=0, atol=1e-12)
@@ -183,9 +181,9 @@ def test_models_and_training_are_deterministic():
         assert runs[0]["n_parameters"] == sum(p.numel() for p in model.parameters())
 
 
-def test_conv_mixer_is_hkt_conv_path():
+def test_conv_mixer_is_hkt_conv_path(padded_batch):
     mixer = CausalConvMixer(6, 3).double()
-    x, _ = padded(D=6)
+    x, _ = padded_batch(D=6)
     ref = causal_depthwise_conv(mixer.v_proj(x), mixer.value_conv.weight[:, 0], mixer.value_conv.bias)
     torch.testing.assert_close(mixer(x), mixer.out_proj(ref), rtol=0, atol=1e-12)
 

@@ -79,17 +79,16 @@ def test_other_public_functions_check_arguments():
         HKTClassifier(CONFIG)
 
 
-def randomised_mha(bias=True, dropout=0.0, D=16, H=4):
-    "A float64 MHA with every parameter N(0, 0.3^2) (biases too), so no term of the twin is accidentally zero."
-    mha = nn.MultiheadAttention(D, H, bias=bias, dropout=dropout, batch_first=True).double()
-    with torch.no_grad():
-        for p in mha.parameters():
-            p.normal_(0, 0.3)
-    return mha
+@pytest.fixture
+def randomised_mha(randomise):
+    "Factory: `randomised_mha(bias=True, dropout=0.0, D=16, H=4)`, a float64 MHA with every parameter N(0, 0.3^2)."
+    def make(bias=True, dropout=0.0, D=16, H=4):  # biases too, so no term of the twin is accidentally zero
+        return randomise(nn.MultiheadAttention(D, H, bias=bias, dropout=dropout, batch_first=True).double())
+    return make
 
 
 @pytest.mark.parametrize("training", [False, True])
-def test_from_mha_copies_mode(training, padded_batch):
+def test_from_mha_copies_mode(training, padded_batch, randomised_mha):
     mha = randomised_mha(dropout=0.1).train(training)
     layer = HierarchicalAttention.from_mha(mha)
     assert layer.training == training and layer.dropout == 0.1
@@ -100,7 +99,7 @@ def test_from_mha_copies_mode(training, padded_batch):
 
 
 @pytest.mark.parametrize("n_levels,stride,bias", [(3, 2, True), (2, 3, False), (4, 2, True), (1, 2, True)])
-def test_from_mha_is_a_trainable_twin(n_levels, stride, bias, padded_batch):
+def test_from_mha_is_a_trainable_twin(n_levels, stride, bias, padded_batch, randomised_mha):
     mha = randomised_mha(bias=bias)
     layer = HierarchicalAttention.from_mha(mha, n_levels=n_levels, stride=stride)
     x, kpm = padded_batch()
@@ -130,7 +129,7 @@ def test_from_mha_float32_equals_to_rounding():
     torch.testing.assert_close(layer(x), ref, rtol=1e-5, atol=1e-6)
 
 
-def test_from_mha_causal(padded_batch):
+def test_from_mha_causal(padded_batch, randomised_mha):
     mha = randomised_mha()
     layer = HierarchicalAttention.from_mha(mha, causal=True, kernel_size=3)
     assert layer.causal
@@ -142,7 +141,7 @@ def test_from_mha_causal(padded_batch):
 
 
 @pytest.mark.parametrize("keyword", [{"dropout": 0.1}, {"bias": False}, {"colour": "red"}])
-def test_from_mha_keywords_raise_clearly(keyword):
+def test_from_mha_keywords_raise_clearly(keyword, randomised_mha):
     with pytest.raises(TypeError, match="taken from `mha`"):
         HierarchicalAttention.from_mha(randomised_mha(), **keyword)
 

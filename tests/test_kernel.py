@@ -5,24 +5,26 @@ import pytest
 import torch
 
 from hkt_nb.attention import HierarchicalAttention
-from hkt_nb.theory.kernel import (feature_map, hierarchical_gram, inertia, is_psd, numerical_rank, rank_bound,
-                                  subadditive_rank_bound, symmetrised_forms, tie_keys_to_queries)
-from hkt_nb.theory.probes import ProbeTraining, lag_copy_batch
+from hkt_nb.theory.kernel import (
+    feature_map,
+    hierarchical_gram,
+    inertia,
+    is_psd,
+    numerical_rank,
+    rank_bound,
+    subadditive_rank_bound,
+    symmetrised_forms,
+    tie_keys_to_queries,
+)
+from hkt_nb.theory.probes import lag_copy_batch
 
 f64 = torch.float64
 
 
-def randomised(layer, std=0.3):
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.normal_(0, std)
-    return layer
-
-
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("L,s", [(3, 2), (2, 3), (1, 2)])
-def test_gram_equals_layer_scores(causal, L, s):
-    layer = randomised(HierarchicalAttention(16, 2, L, s, causal=causal).double())
+def test_gram_equals_layer_scores(causal, L, s, randomise):
+    layer = randomise(HierarchicalAttention(16, 2, L, s, causal=causal).double())
     x = torch.randn(2, 19, 16, dtype=f64)
     kpm = torch.arange(19)[None] >= torch.tensor([[19], [11]])
     ref = layer.scores(x, kpm).fused
@@ -30,8 +32,8 @@ def test_gram_equals_layer_scores(causal, L, s):
         torch.testing.assert_close(hierarchical_gram(layer, x, h, kpm), ref[:, h], rtol=0, atol=1e-12)
 
 
-def test_psd_under_condition_feature_map_and_schur():
-    layer = tie_keys_to_queries(randomised(HierarchicalAttention(16, 2, 3, 2).double()))
+def test_psd_under_condition_feature_map_and_schur(randomise):
+    layer = tie_keys_to_queries(randomise(HierarchicalAttention(16, 2, 3, 2).double()))
     x = torch.randn(2, 32, 16, dtype=f64) / 2
     for h in range(2):
         assert all(is_psd(M) for M in symmetrised_forms(layer, h))
@@ -52,14 +54,14 @@ def test_rank_bound_known_values():
 
 
 @pytest.mark.parametrize("T,d,L,s", list(itertools.product([7, 20, 36], [2, 4, 8, 12], [1, 2, 3, 4], [2, 3])))
-def test_random_weights_reach_rank_bound(T, d, L, s):
+def test_random_weights_reach_rank_bound(T, d, L, s, randomise):
     """The sharper bound is reached by random untied weights (non-causal) and never exceeded (causal)."""
     assert rank_bound(T, d, L, s) <= subadditive_rank_bound(T, d, L, s)
     # unit-scale weights keep the coarse terms well above rounding (the tolerance is relative)
-    layer = randomised(HierarchicalAttention(d, 1, L, s).double(), std=1.0)
+    layer = randomise(HierarchicalAttention(d, 1, L, s).double(), std=1.0)
     x = torch.randn(2, T, d, dtype=f64)
     assert (numerical_rank(hierarchical_gram(layer, x, 0), rtol=1e-13) == rank_bound(T, d, L, s)).all()
-    causal = randomised(HierarchicalAttention(d, 1, L, s, causal=True).double(), std=1.0)
+    causal = randomise(HierarchicalAttention(d, 1, L, s, causal=True).double(), std=1.0)
     assert (numerical_rank(hierarchical_gram(causal, x, 0), rtol=1e-13) <= rank_bound(T, d, L, s)).all()
 
 

@@ -1,7 +1,6 @@
 """Packaging (issues 8 and 13): the wheel is built FROM the sdist, as pip and the release workflow do, and
 both are checked: the sdist holds what a build needs and no data or results; the wheel holds only the library;
 the metadata says what settings.ini says (core requirements torch and numpy, the extras, SPDX licence, URLs)."""
-import configparser
 import re
 import subprocess
 import sys
@@ -14,12 +13,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NEVER_SHIPPED = (".ipynb", ".parquet", ".arrow", ".pt", ".npz", ".json", ".pyc")
-
-
-def settings() -> configparser.SectionProxy:
-    parser = configparser.ConfigParser(delimiters=["="])
-    parser.read(ROOT / "settings.ini", encoding="utf-8")
-    return parser["DEFAULT"]
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +50,12 @@ def test_wheel_from_sdist_holds_only_the_library(dists):
 
 
 @pytest.mark.slow
-def test_wheel_metadata_comes_from_settings(dists):
+def test_wheel_metadata_comes_from_settings(dists, settings):
     _, wheel = dists
     archive = zipfile.ZipFile(wheel)
     dist_info = next(n.split("/")[0] for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
     meta = Parser().parsestr(archive.read(f"{dist_info}/METADATA").decode())
-    cfg = settings()
+    cfg = settings
     assert meta["Version"] == cfg["version"]
     assert meta["License-Expression"] == "Apache-2.0"
     assert not [c for c in meta.get_all("Classifier") if c.startswith("License ::")]  # SPDX, not a classifier

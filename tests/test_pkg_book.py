@@ -2,7 +2,6 @@
 and an indented `  #| echo: false` are directives for nbdev, so they are for the book too (hidden, not
 shown as code, and never a crash); a `#|` line after code is code for both; a cell magic stays."""
 import importlib.util
-import sys
 from pathlib import Path
 
 import nbformat
@@ -10,15 +9,6 @@ import pytest
 from nbdev.process import extract_directives
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def build_book():
-    spec = importlib.util.spec_from_file_location("build_book", ROOT / "scripts" / "build_book.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("build_book", module)
-    spec.loader.exec_module(module)
-    return module
 
 
 def translated(build_book, source: str, tags=()):

@@ -9,7 +9,6 @@ and checks that
 Skipped, with the package to install, when Chromium, chromedriver or selenium is missing; skipped when no
 book is built unless `HKT_REQUIRE_BOOK=1` (`make browser-test`, run by `make test` after `make book`).
 """
-import configparser
 import os
 import shutil
 from pathlib import Path
@@ -31,14 +30,7 @@ def toc_pages() -> list[str]:
     return pages
 
 
-def settings() -> configparser.SectionProxy:
-    parser = configparser.ConfigParser(delimiters=["="])
-    parser.read(ROOT / "settings.ini", encoding="utf-8")
-    return parser["DEFAULT"]
-
-
-def colab_url(page: str) -> str:
-    cfg = settings()
+def colab_url(page: str, cfg) -> str:
     repo = cfg["git_url"].removeprefix("https://github.com/")
     return f"https://colab.research.google.com/github/{repo}/blob/{cfg['branch']}/{page}.ipynb"
 
@@ -108,7 +100,7 @@ KNOWN_RAW_DOLLARS = {"nbs/09_results", "nbs/14_approximation"}
 
 
 @pytest.mark.parametrize("page", toc_pages())
-def test_book_page_in_chromium(browser, page):
+def test_book_page_in_chromium(browser, page, settings):
     path = BOOK / f"{page}.html"
     if not path.exists():
         pytest.fail(f"{page} is in _toc.yml but {path} was not built")
@@ -124,5 +116,6 @@ def test_book_page_in_chromium(browser, page):
         assert found["raw"] == [], f"raw TeX left in the text of {page}"
     broken = [image["src"] for image in found["images"] if not image["ok"]]
     assert broken == [], f"images that did not load on {page}"
-    assert colab_url(page) in found["colab"], f"no Colab link to {colab_url(page)} on {page}: {found['colab']}"
+    colab = colab_url(page, settings)
+    assert colab in found["colab"], f"no Colab link to {colab} on {page}: {found['colab']}"
     assert severe_logs(browser) == [], f"JavaScript errors on {page}"

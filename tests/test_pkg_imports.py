@@ -13,11 +13,16 @@ HEAVY = ("datasets", "pandas", "matplotlib", "seaborn", "pyarrow", "PIL", "tqdm"
 TOP_LEVEL = ("HierarchicalAttention", "MultiHeadAttention", "HKTClassifier", "ClassifierConfig")
 
 
+def fresh_python(code: str, repo_root) -> subprocess.CompletedProcess:
+    "Run `code` in a fresh interpreter that imports hkt_nb from `repo_root` (output captured)."
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo_root,
+                          env={"PATH": "", "PYTHONPATH": str(repo_root)})
+
+
 def loaded_after(statement: str, repo_root) -> set[str]:
     "Top-level names in sys.modules after running `statement` in a fresh interpreter."
     code = f"import json, sys\n{statement}\nprint(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo_root,
-                         env={"PATH": "", "PYTHONPATH": str(repo_root)})
+    out = fresh_python(code, repo_root)
     assert out.returncode == 0, out.stderr
     return set(json.loads(out.stdout.splitlines()[-1]))
 
@@ -48,3 +53,12 @@ def test_top_level_names(repo_root, baseline):
     if missing:  # the architecture split (issue 8) re-exports them from hkt_nb/__init__.py
         pytest.skip(f"hkt_nb does not export {missing} yet (the core split adds them to nbs/00_index or 03_model)")
     assert added_heavy(f"from hkt_nb import {', '.join(TOP_LEVEL)}", repo_root, baseline) == []
+
+
+@pytest.mark.parametrize("module", ["hkt_nb.lra.listops", "hkt_nb.lra.benchmarks"])
+def test_lra_without_datasets_names_the_extra(module, repo_root):
+    "Without `datasets` (a core-only install) the data modules fail to import with the extra to install."
+    code = f"import sys\nsys.modules['datasets'] = None  # import datasets raises ImportError\nimport {module}"
+    out = fresh_python(code, repo_root)
+    assert out.returncode != 0, f"{module} imported without datasets"
+    assert 'ImportError: hkt_nb.lra needs the [lra] extra: pip install "hkt_nb[lra]"' in out.stderr, out.stderr

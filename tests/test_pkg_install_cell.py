@@ -1,6 +1,5 @@
 """The one install cell (scripts/install_cell.py): every chapter carries the same generated cell, pinned to the
 book's version and repository address, and the cell does nothing where the library is installed."""
-import configparser
 import subprocess
 import sys
 from pathlib import Path
@@ -9,12 +8,6 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def settings():
-    parser = configparser.ConfigParser(delimiters=["="])
-    parser.read(ROOT / "settings.ini", encoding="utf-8")
-    return parser["DEFAULT"]
 
 
 def install_cells():
@@ -31,12 +24,12 @@ def test_every_chapter_cell_is_the_generated_one():
 
 
 @pytest.mark.parametrize("name, nb, cells", list(install_cells()), ids=lambda v: v if isinstance(v, str) else "")
-def test_cell_pins_version_and_address(name, nb, cells):
+def test_cell_pins_version_and_address(name, nb, cells, settings):
     imports = any("hkt_nb" in c.source and ("import hkt_nb" in c.source or "from hkt_nb" in c.source)
                   for c in nb.cells if c.cell_type == "code")
     assert len(cells) == (1 if imports else 0), f"{name}: {len(cells)} install cells"
     if cells:
-        cfg = settings()
+        cfg = settings
         assert f"git+{cfg['git_url']}@v{cfg['version']}" in cells[0]
         assert "HKT_NB_SOURCE" in cells[0]
         if "hkt_nb.lra" in "\n".join(c.source for c in nb.cells):

@@ -2,20 +2,11 @@
 the README, the chapters (install cells included), CITATION.cff, the book's configuration and the workflows
 derives from `git_url`, `branch`, `doc_host` and `doc_baseurl`; nbdev's own settings point at real files and
 pages (`readme_nb`, the `_modidx` doc links, which the book build answers with redirect pages)."""
-import configparser
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"https?://[A-Za-z0-9.-]*(?:github\.com|github\.io|colab\.research\.google\.com)[^\s\"'`)<>\\\]]*")
-
-
-def settings() -> configparser.SectionProxy:
-    parser = configparser.ConfigParser(delimiters=["="])
-    parser.read(ROOT / "settings.ini", encoding="utf-8")
-    return parser["DEFAULT"]
 
 
 def files_with_links() -> list[Path]:
@@ -25,16 +16,15 @@ def files_with_links() -> list[Path]:
     return found
 
 
-def allowed_prefixes() -> tuple[str, ...]:
-    cfg = settings()
+def allowed_prefixes(cfg) -> tuple[str, ...]:
     repo = cfg["git_url"].removeprefix("https://github.com/")
     docs = cfg["doc_host"].rstrip("/") + cfg["doc_baseurl"].rstrip("/")
     return (cfg["git_url"], docs, f"https://colab.research.google.com/github/{repo}/blob/{cfg['branch']}/nbs/",
             "https://colab.research.google.com")  # the launch-button host in _config.yml
 
 
-def test_every_repository_link_derives_from_settings():
-    prefixes = allowed_prefixes()
+def test_every_repository_link_derives_from_settings(settings):
+    prefixes = allowed_prefixes(settings)
     foreign = []
     for path in files_with_links():
         for link in LINK.findall(path.read_text(encoding="utf-8")):
@@ -45,8 +35,8 @@ def test_every_repository_link_derives_from_settings():
     assert foreign == [], "links not derived from settings.ini git_url/doc_host/doc_baseurl"
 
 
-def test_colab_links_name_existing_chapters():
-    cfg = settings()
+def test_colab_links_name_existing_chapters(settings):
+    cfg = settings
     repo = cfg["git_url"].removeprefix("https://github.com/")
     pattern = re.compile(rf"https://colab\.research\.google\.com/github/{re.escape(repo)}/blob/[^/]+/(nbs/[\w.-]+\.ipynb)")
     for path in files_with_links():
@@ -54,26 +44,17 @@ def test_colab_links_name_existing_chapters():
             assert (ROOT / notebook).exists(), f"{path.name} links to {notebook}, which does not exist"
 
 
-def test_readme_nb_exists():
-    cfg = settings()
+def test_readme_nb_exists(settings):
+    cfg = settings
     assert (ROOT / cfg["nbs_path"] / cfg["readme_nb"]).exists(), cfg["readme_nb"]
 
 
-def load_build_book():
-    spec = importlib.util.spec_from_file_location("build_book", ROOT / "scripts" / "build_book.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("build_book", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_modidx_doc_links_are_pages_of_the_book():
+def test_modidx_doc_links_are_pages_of_the_book(build_book, settings):
     "_modidx links `<name>.html#sym`; the book writes one redirect `<name>.html` per chapter of _toc.yml."
-    build_book = load_build_book()
     namespace = {}
     exec((ROOT / "hkt_nb" / "_modidx.py").read_text(), namespace)
     index = namespace["d"]
-    cfg = settings()
+    cfg = settings
     assert {k: index["settings"][k] for k in ("doc_host", "doc_baseurl", "git_url", "branch")} == \
         {k: cfg[k] for k in ("doc_host", "doc_baseurl", "git_url", "branch")}
     pages = {build_book.doc_page(name) for name in build_book.toc_files(ROOT / "_toc.yml")}
@@ -81,11 +62,10 @@ def test_modidx_doc_links_are_pages_of_the_book():
     assert linked - pages == set(), "doc links to pages the book never writes"
 
 
-def test_book_config_takes_the_address_from_settings():
-    build_book = load_build_book()
+def test_book_config_takes_the_address_from_settings(build_book, settings):
     import yaml
 
-    config = build_book.book_config(yaml.safe_load((ROOT / "_config.yml").read_text()), dict(settings()))
-    cfg = settings()
+    config = build_book.book_config(yaml.safe_load((ROOT / "_config.yml").read_text()), dict(settings))
+    cfg = settings
     assert config["repository"]["url"] == cfg["git_url"] and config["repository"]["branch"] == cfg["branch"]
     assert config["html"]["baseurl"] == cfg["doc_host"] + cfg["doc_baseurl"] + "/"

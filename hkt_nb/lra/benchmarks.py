@@ -29,14 +29,9 @@ from hkt_nb.lra.tokenize import (
 )
 
 from .config import SEQ_LEN, TASKS
-from .listops import LISTOPS_SETTINGS, make_listops, read_listops_tsv, write_listops_tsv
 
-with warnings.catch_warnings():  # tqdm.auto (imported by datasets) warns in Jupyter without ipywidgets
-    warnings.filterwarnings("ignore", message="IProgress not found")
-    try:
-        import datasets
-    except ImportError as error:  # `pip install hkt_nb` alone brings only the core layer
-        raise ImportError('hkt_nb.lra needs the [lra] extra: pip install "hkt_nb[lra]"') from error
+# `datasets` as hkt_nb.lra.listops imports it: behind the one check that names the [lra] extra when it is missing
+from .listops import LISTOPS_SETTINGS, datasets, make_listops, read_listops_tsv, write_listops_tsv
 
 # %% auto #0
 __all__ = ['HUB_IDS', 'PARQUET_FILES', 'SPLITS', 'absolute_path', 'resolve_user_path', 'cache_dir', 'resolve_data_dir',

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+# the one check for the [lra] extra: hkt_nb.lra.benchmarks imports `datasets` from here
 with warnings.catch_warnings():  # tqdm.auto (imported by datasets) warns in Jupyter without ipywidgets
     warnings.filterwarnings("ignore", message="IProgress not found")
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..attention import HierarchicalAttention, check_attention_inputs
-from .kernel import bilinear_forms, check_head
+from .kernel import bilinear_forms, check_head, tie_keys_to_queries
 
 # %% auto #0
 __all__ = ['sym_antisym_split', 'reciprocity_ratio', 'reciprocity', 'reciprocity_ratio_pooled', 'form_reciprocity',
@@ -80,11 +80,7 @@ def set_level_symmetric(layer: HierarchicalAttention,  # modified in place
                         ) -> HierarchicalAttention:
     """Make $W_l$ symmetric PSD for every head: $W_K^{(l)} = W_Q^{(l)}$, $b_K^{(l)} = b_Q^{(l)}$ (in place)."""
     _check_level(layer, level)
-    q, k = layer.q_proj[level], layer.k_proj[level]
-    k.weight.copy_(q.weight)
-    if k.bias is not None:
-        k.bias.copy_(q.bias)
-    return layer
+    return tie_keys_to_queries(layer, [level])
 
 
 @torch.no_grad()

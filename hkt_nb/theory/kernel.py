@@ -173,11 +173,14 @@ def subadditive_rank_bound(T: int,  # sequence length
 # %% ../../nbs/11_kernel.ipynb #ce279de7
 @torch.no_grad()
 def tie_keys_to_queries(layer: HierarchicalAttention,  # modified in place
+                        levels: list[int] | None = None,  # the levels l to tie, each in [0, L) (None: every level)
                         ) -> HierarchicalAttention:
-    """Set $W_K^{(l)} = W_Q^{(l)}$ and $b_K^{(l)} = b_Q^{(l)}$ at every level (in place; returns the layer), so that
-    every $W_l = A_Q^{(l)} A_Q^{(l)\\top}$ is symmetric PSD: the layer then satisfies Prop. 3.1 (1)-(2)."""
+    """Set $W_K^{(l)} = W_Q^{(l)}$ and $b_K^{(l)} = b_Q^{(l)}$ at every level, or at `levels` only (in place; returns
+    the layer), so that each tied $W_l = A_Q^{(l)} A_Q^{(l)\\top}$ is symmetric PSD: with every level tied the layer
+    satisfies Prop. 3.1 (1)-(2)."""
     check_head(layer, 0)
-    for q, k in zip(layer.q_proj, layer.k_proj):
+    for level in range(layer.n_levels) if levels is None else levels:
+        q, k = layer.q_proj[level], layer.k_proj[level]
         k.weight.copy_(q.weight)
         if k.bias is not None:
             k.bias.copy_(q.bias)
