@@ -15,7 +15,7 @@ from hkt_nb import (
     HKTClassifier,
     MultiHeadAttention,
 )
-from hkt_nb.lra.config import PRESETS, TrainConfig, result_relevant
+from hkt_nb.lra.config import PRESETS, TrainConfig, result_relevant, run_name, run_variant
 from hkt_nb.lra.loop import _optimisation, amp_dtype, execution_settings, train
 from hkt_nb.lra.runs import _train_overrides, finished_run, parse_args
 
@@ -203,6 +203,7 @@ def test_estimated_time_before_training(monkeypatch):
 def test_checkpoints_live_inside_the_results_folder(tmp_path):
     record = train("synthetic", "hkt", "smoke", 0, device="cpu", results_dir=tmp_path / "results", progress=False,
                    verbose=False, stop_after=1, train_overrides=SMALL)
-    assert record["checkpoint_dir"] == "checkpoints/synthetic-hkt-smoke-seed0"
-    assert (tmp_path / "results" / "checkpoints" / "synthetic-hkt-smoke-seed0" / "last.pt").exists()
+    name = run_name("synthetic", "hkt", "smoke", 0, run_variant({"train": SMALL}))  # smaller splits: a variant
+    assert record["run"] == name != "synthetic-hkt-smoke-seed0" and record["checkpoint_dir"] == f"checkpoints/{name}"
+    assert (tmp_path / "results" / "checkpoints" / name / "last.pt").exists()
     assert not (tmp_path / "checkpoints").exists()

@@ -23,11 +23,14 @@ from hkt_nb.lra.benchmarks import (
     resolve_data_dir,
     synthetic_benchmark,
 )
-from hkt_nb.lra.config import TASKS, TrainConfig, get_preset
-from hkt_nb.lra.loop import train
+from hkt_nb.lra.config import TASKS, TrainConfig, get_preset, preset_differences, run_name, run_variant
+from hkt_nb.lra.loop import RunSpec, run_identity, train
+from hkt_nb.lra.results import load_runs
 from hkt_nb.lra.runs import (
     check_experiment_parameters,
     finished_run,
+    load_or_train,
+    main,
     parse_args,
     warn_if_slow,
 )
@@ -141,12 +144,16 @@ def test_damaged_checkpoint_names_the_file_and_the_way_out(tmp_path, damage):
 
 
 # ---------------------------------------------------------------- 9. zero is not "unset"
-@pytest.mark.parametrize("argument", [["--epochs", "0"], ["--epochs", "-2"], ["--threads", "0"], ["--seed", "-1"],
-                                      ["--epochs", "two"], ["--device", "tpu"]])
-def test_cli_rejects_values_instead_of_ignoring_them(argument, capsys):
+@pytest.mark.parametrize("argument, message", [
+    (["--epochs", "0"], "must be >= 1, got 0"), (["--epochs", "-2"], "must be >= 1, got -2"),
+    (["--threads", "0"], "must be >= 1, got 0"), (["--seed", "-1"], "must be >= 0, got -1"),
+    (["--epochs", "two"], "expected an integer >= 1, got 'two'"), (["--seed", "1.5"], "expected an integer >= 0, got '1.5'"),
+    (["--device", "tpu"], "expected \"auto\", \"cpu\" or \"cuda[:k]\", got 'tpu'")])
+def test_cli_rejects_values_instead_of_ignoring_them(argument, message, capsys):
     with pytest.raises(SystemExit) as exit:
         parse_args(["--task", "listops", *argument])
-    assert exit.value.code == 2 and argument[0] in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert exit.value.code == 2 and f"argument {argument[0]}: {message}" in error, error
 
 
 def test_cli_honours_every_value():
@@ -320,3 +327,71 @@ def test_make_listops_names_a_non_integer_argument(argument):
     arguments[argument] = str(arguments[argument])
     with pytest.raises(TypeError, match=argument):
         listops.make_listops(arguments.pop("n_examples"), **arguments, num_proc=1)
+
+
+# ---------------------------------------------------------------- 16. a modified run never takes its preset's name
+def test_variant_name_is_stable_and_follows_the_differences():
+    cpu = get_preset("cpu")
+    name, differences = run_identity(RunSpec("listops", "hkt", "cpu", 0, epochs=1))
+    assert differences == {"train": {"epochs": 1}}
+    text = json.dumps(differences, sort_keys=True, separators=(",", ":"))
+    variant = "x" + hashlib.sha1(text.encode()).hexdigest()[:6]
+    assert variant == "x240573" and run_variant(differences) == variant  # the same in every process and machine
+    assert name == run_name("listops", "hkt", "cpu", 0, variant) == "listops-hkt-cpu-x240573-seed0"
+    assert run_identity(RunSpec("listops", "hkt", "cpu", 0, epochs=1)) == (name, differences)  # stable across calls
+    others = [RunSpec("listops", "hkt", "cpu", 0, epochs=2), RunSpec("listops", "hkt", "cpu", 1, epochs=1),
+              RunSpec("listops", "hkt", "cpu", 0, train_overrides={"n_train": 64}),
+              RunSpec("listops", "hkt", "cpu", 0, epochs=1, train_overrides={"lr": 5e-4}),
+              RunSpec("listops", "mha", "cpu", 0, epochs=1), RunSpec("listops", "hkt", "cpu", 0, model_overrides={"d_model": 32}),
+              RunSpec("listops", "hkt", "cpu", 0, dataset=synthetic_benchmark(n_train=16, n_val=8, n_test=8, seq_len=16))]
+    names = [run_identity(spec)[0] for spec in others]
+    assert len(set(names + [name])) == len(others) + 1 and all("-cpu-x" in n for n in names)
+    assert run_identity(others[5])[1] == {"model": {"d_model": 32, "d_ff": 128}}  # with the derived MLP width
+    assert run_identity(others[6])[1] == {"dataset": {"train": 16, "validation": 8, "test": 8}}
+    assert preset_differences("listops", cpu, cpu.train_config("listops")) == {} and run_variant({}) is None
+
+
+@pytest.mark.parametrize("spec", [
+    RunSpec("listops", "hkt", "cpu", 0),
+    RunSpec("listops", "hkt", "cpu", 0, train_overrides={"compile": False, "num_workers": 0, "pin_memory": True}),
+    RunSpec("listops", "hkt", "cpu", 0, train_overrides={"compile": True, "num_workers": 4}),
+    RunSpec("listops", "hkt", "cpu", 0, epochs=5, train_overrides={"amp": "auto", "n_train": 6000}),  # the preset's
+    RunSpec("listops", "hkt", "cpu", 0, model_overrides={"dropout": 0.1, "d_model": 64})],  # own values
+    ids=["plain", "execution-only", "compile-workers", "preset-values", "preset-model"])
+def test_a_run_that_computes_what_the_preset_says_keeps_its_name(spec):
+    assert run_identity(spec) == ("listops-hkt-cpu-seed0", {})
+
+
+def test_cli_epochs_1_never_overwrites_the_preset_run(tmp_path, capsys, one_thread):
+    """`hkt-train --epochs 1` under the cpu preset (on the small synthetic task): the preset's record, predictions
+    and model are left as they were, the shortened run is written under its variant name with its differences, and
+    neither `finished_run`, `load_or_train` nor `load_runs(..., preset=...)` takes it for a run of the preset."""
+    committed = REPO / "results" / "listops-hkt-cpu-seed0.json"
+    if committed.is_file():  # a real committed record in the same folder must be untouched and still counted
+        (tmp_path / committed.name).write_bytes(committed.read_bytes())
+    preset_run = train("synthetic", "hkt", "cpu", 0, results_dir=tmp_path, **QUIET,
+                       train_overrides={"compile": False, "num_workers": 0})  # execution only: still the preset's run
+    assert preset_run["run"] == "synthetic-hkt-cpu-seed0" and preset_run["variant"] is None
+    assert preset_run["overrides"] == {} and len(preset_run["history"]) == get_preset("cpu").train.epochs
+    files = [tmp_path / f for f in ("synthetic-hkt-cpu-seed0.json", "predictions/synthetic-hkt-cpu-seed0.npz",
+                                    "checkpoints/synthetic-hkt-cpu-seed0.pt")]
+    before = {f: f.read_bytes() for f in files}
+    capsys.readouterr()
+    main(["--task", "synthetic", "--preset", "cpu", "--seed", "0", "--epochs", "1", "--device", "cpu",
+          "--threads", "1", "--no-progress", "--results-dir", str(tmp_path)])
+    printed = capsys.readouterr().out
+    name = run_name("synthetic", "hkt", "cpu", 0, run_variant({"train": {"epochs": 1}}))
+    assert {f: f.read_bytes() for f in files} == before  # the preset's run is as it was
+    variant = json.loads((tmp_path / f"{name}.json").read_text())
+    assert variant["run"] == name and variant["preset"] == "cpu" and variant["overrides"] == {"train": {"epochs": 1}}
+    assert len(variant["history"]) == 1 and (tmp_path / "predictions" / f"{name}.npz").is_file()
+    assert (tmp_path / "checkpoints" / f"{name}.pt").is_file() and variant["model_path"] == f"checkpoints/{name}.pt"
+    assert f"a variant of preset 'cpu' (train epochs=1), written to {tmp_path.resolve() / name}.json" in printed, printed
+    assert finished_run("synthetic", "hkt", "cpu", 0, tmp_path)["created"] == preset_run["created"]
+    expected = {"synthetic-hkt-cpu-seed0"} | ({"listops-hkt-cpu-seed0"} if committed.is_file() else set())
+    assert set(load_runs(tmp_path, "cpu")) == expected
+    assert set(load_runs(tmp_path)) == expected | {name} and load_runs(tmp_path, "smoke") == {}
+    assert load_or_train("synthetic", "hkt", "cpu", 0, results_dir=tmp_path, device="cpu")["loaded"] is True
+    again = load_or_train("synthetic", "hkt", "cpu", 0, results_dir=tmp_path, epochs=1, **QUIET)
+    assert again["loaded"] is False and again["run"] == name  # never the preset's record for a shortened run
+    assert {f: f.read_bytes() for f in files} == before

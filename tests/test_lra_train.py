@@ -3,13 +3,14 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
 from hkt_nb.lra.benchmarks import make_dataloader, synthetic_benchmark
-from hkt_nb.lra.config import PRESETS, TASKS, build_config, run_name
+from hkt_nb.lra.config import PRESETS, TASKS, build_config, run_name, run_variant
 from hkt_nb.lra.loop import (
     amp_dtype,
     evaluate,
@@ -79,8 +80,12 @@ def smoke_run(tmp_path_factory):
 
 def test_results_json_schema_and_values(smoke_run):
     d, r = smoke_run
-    path = d / "results" / f"{run_name('synthetic', 'hkt', 'smoke', 0)}.json"
+    # save_model is not execution-only, so the run is a variant of the smoke preset, named and recorded as one
+    variant = run_variant({"train": {"save_model": True}})
+    path = d / "results" / f"{run_name('synthetic', 'hkt', 'smoke', 0, variant)}.json"
     saved = json.loads(path.read_text())
+    assert saved["run"] == r["run"] == f"synthetic-hkt-smoke-{variant}-seed0" and saved["preset"] == "smoke"
+    assert saved["variant"] == variant and saved["overrides"] == {"train": {"save_model": True}}
     assert saved["test_acc"] == r["test_acc"] and saved["history"] == r["history"]
     for key in ("config", "seed", "history", "best_epoch", "best_val_acc", "test_acc", "n_params", "wall_time_s",
                 "train_examples_per_s", "hardware", "versions", "lambdas", "gates", "majority_test_acc"):
@@ -193,6 +198,21 @@ def test_device_and_precision_choice():
         assert resolve_device("auto") == torch.device("cpu")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback happens only without CUDA")
+def test_cuda_without_cuda_warns_once(tmp_path, capsys, one_thread):
+    "`hkt-train --device cuda` on a CPU machine: one warning for the whole run, and no second copy printed."
+    from hkt_nb.lra.runs import main
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # count every warning issued, not only the first of its kind
+        main(["--task", "synthetic", "--device", "cuda", "--epochs", "1", "--threads", "1", "--no-progress",
+              "--results-dir", str(tmp_path)])
+    fallback = [w for w in caught if "CUDA is not available" in str(w.message)]
+    assert len(fallback) == 1 and fallback[0].category is UserWarning
+    assert "CUDA is not available" not in capsys.readouterr().err
+    [record] = tmp_path.glob("synthetic-hkt-smoke-x*-seed0.json")  # --epochs 1: a variant of the smoke preset
+    assert json.loads(record.read_text())["hardware"]["device"] == "cpu"
+
+
 @pytest.mark.slow
 def test_resume_after_sigkill_loses_no_finished_epoch(tmp_path, one_thread):
     """A real kill: SIGKILL the CLI once its first epoch is checkpointed, rerun the same command, and compare
@@ -218,7 +238,8 @@ def test_resume_after_sigkill_loses_no_finished_epoch(tmp_path, one_thread):
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"resumed from {ckpt} after epoch {killed_at}" in out.stdout
-    resumed = json.loads((tmp_path / "r" / "synthetic-hkt-smoke-seed5.json").read_text())
+    name = run_name("synthetic", "hkt", "smoke", 5, run_variant({"train": {"epochs": epochs}}))  # --epochs: a variant
+    resumed = json.loads((tmp_path / "r" / f"{name}.json").read_text())
     full = train("synthetic", "hkt", "smoke", 5, device="cpu", epochs=epochs, progress=False, verbose=False,
                  results_dir=tmp_path / "full", checkpoint_dir=tmp_path / "cf")
     assert len(resumed["history"]) == epochs

@@ -164,6 +164,37 @@ def test_reading_runs_missing_and_partial(tmp_path):
     assert seed_summary(runs, "imdb", "hkt", "cpu")["n"] == 0
 
 
+def test_load_runs_of_a_preset_keeps_only_its_conforming_runs(tmp_path):
+    """`load_runs(folder, preset)` counts a record as a run of the preset only when it conforms to the preset today
+    (the comparison of `finished_run`): never a variant, nor a record whose configuration has changed since."""
+    source = RESULTS / "listops-hkt-cpu-seed0.json"
+    if not source.is_file():
+        pytest.skip("no committed cpu run")
+    record = json.loads(source.read_text())
+    (tmp_path / source.name).write_text(json.dumps(record))
+    variant = {**record, "run": "listops-hkt-cpu-x240573-seed0", "variant": "x240573",
+               "overrides": {"train": {"epochs": 1}},
+               "config": {**record["config"], "train": {**record["config"]["train"], "epochs": 1}}}
+    (tmp_path / "listops-hkt-cpu-x240573-seed0.json").write_text(json.dumps(variant))
+    relabelled = {**variant, "run": "listops-hkt-cpu-seed1", "seed": 1, "variant": None, "overrides": {}}
+    (tmp_path / "listops-hkt-cpu-seed1.json").write_text(json.dumps(relabelled))  # 1 epoch under the preset's name
+    stale_model = {**record, "run": "listops-hkt-cpu-seed2", "seed": 2,
+                   "config": {**record["config"], "model": {**record["config"]["model"], "d_model": 32}}}
+    (tmp_path / "listops-hkt-cpu-seed2.json").write_text(json.dumps(stale_model))
+    wrong_model = {**record, "run": "listops-mha-cpu-seed0", "model": "mha"}  # hkt's configuration under mha's name
+    (tmp_path / "listops-mha-cpu-seed0.json").write_text(json.dumps(wrong_model))
+    assert sorted(load_runs(tmp_path)) == ["listops-hkt-cpu-seed0", "listops-hkt-cpu-seed1", "listops-hkt-cpu-seed2",
+                                           "listops-hkt-cpu-x240573-seed0", "listops-mha-cpu-seed0"]
+    assert sorted(load_runs(tmp_path, "cpu")) == ["listops-hkt-cpu-seed0"]
+    assert load_runs(tmp_path, "paper") == {} and load_runs(tmp_path, "smoke") == {}
+    workers = {**record, "run": "listops-hkt-cpu-seed3", "seed": 3,
+               "config": {**record["config"], "train": {**record["config"]["train"], "num_workers": 4}}}
+    (tmp_path / "listops-hkt-cpu-seed3.json").write_text(json.dumps(workers))  # execution only: still conforming
+    assert sorted(load_runs(tmp_path, "cpu")) == ["listops-hkt-cpu-seed0", "listops-hkt-cpu-seed3"]
+    with pytest.raises(ValueError, match="unknown preset"):
+        load_runs(tmp_path, "huge")
+
+
 def test_different_test_sets_are_refused(tmp_path):
     labels = np.arange(50) % 10
     _write_run(tmp_path, "listops", "hkt", 0, 0.6, labels)

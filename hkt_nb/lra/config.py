@@ -5,6 +5,8 @@
 # %% ../../nbs/05_train.ipynb #52a8d031
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass, field, replace
 
 from hkt_nb.model import (
@@ -18,7 +20,7 @@ from .listops import LISTOPS_SETTINGS
 
 # %% auto #0
 __all__ = ['TASKS', 'SEQ_LEN', 'AMP_MODES', 'EXECUTION_ONLY_FIELDS', 'PRESETS', 'MODELS', 'TrainConfig', 'Preset', 'get_preset',
-           'run_name', 'build_config', 'result_relevant']
+           'run_name', 'build_config', 'result_relevant', 'preset_differences', 'run_variant', 'conforms_to_preset']
 
 # %% ../../nbs/05_train.ipynb #6c549d89
 TASKS = ("listops", "imdb", "scifar10")
@@ -131,9 +133,17 @@ def get_preset(preset: str | Preset) -> Preset:
 MODELS = ("hkt", "mha", "hkt_l1", "hkt_l2")  # the hierarchy ablation: HKT with 1 or 2 levels, same size
 
 
-def run_name(task: str, model: str, preset: str, seed: int) -> str:
-    "The name of a run: `<task>-<model>-<preset>-seed<k>` (its results JSON is `<name>.json`)."
-    return f"{task}-{model}-{preset}-seed{seed}"
+def run_name(
+    task: str,
+    model: str,
+    preset: str,  # the preset's name
+    seed: int,
+    variant: str | None = None,  # `run_variant` of a run that differs from its preset; None for the preset's own run
+) -> str:
+    """The name of a run: `<task>-<model>-<preset>-seed<k>` for a run of the preset itself, and
+    `<task>-<model>-<preset>-<variant>-seed<k>` for a variant of it. Its results JSON is `<name>.json`, its test
+    predictions `predictions/<name>.npz`, its checkpoints `checkpoints/<name>/` (chapter 5, *Run names*)."""
+    return f"{task}-{model}-{preset}-{variant}-seed{seed}" if variant else f"{task}-{model}-{preset}-seed{seed}"
 
 
 def build_config(
@@ -163,3 +173,60 @@ def result_relevant(train_config: TrainConfig) -> dict:
     "The fields of `train_config` that change what a run computes (all but `EXECUTION_ONLY_FIELDS`), as stored."
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(train_config).items()
             if k not in EXECUTION_ONLY_FIELDS}
+
+
+def preset_differences(
+    task: str,  # the run's task
+    preset: str | Preset,  # the preset the run starts from
+    train_config: TrainConfig,  # the run's, with its epochs and overrides applied
+    model_overrides: dict | None = None,  # `ClassifierConfig` fields replacing the preset's
+    dataset_sizes: dict | None = None,  # {split: examples} of a dataset given instead of loading `task`
+) -> dict:  # JSON values; {} for a run of the preset itself
+    """What a run computes differently from its preset: `"train"`, the result-relevant `TrainConfig` fields
+    (`result_relevant`) whose values differ from `preset.train_config(task)`, with the run's values; `"model"`, the
+    fields of the HKT `ClassifierConfig` that `model_overrides` change (with their new values, derived ones such as
+    `d_ff` included; the other models are built from it); `"dataset"`, `dataset_sizes` whenever a dataset is given.
+    Only the parts that differ are present. Execution-only fields never differ. Raises what `build_config` raises
+    for a bad model override (chapter 5, *Run names*)."""
+    preset = get_preset(preset)
+    wanted, given = result_relevant(preset.train_config(task)), result_relevant(train_config)
+    differences = {"train": {k: v for k, v in given.items() if wanted.get(k) != v}}
+    if model_overrides:
+        base = build_config(task, "hkt", preset, 1, 1).to_dict()  # vocabulary and classes come from the data
+        changed = build_config(task, "hkt", preset, 1, 1, **model_overrides).to_dict()
+        differences["model"] = {k: v for k, v in changed.items() if base.get(k) != v}
+    differences = {part: values for part, values in differences.items() if values}
+    if dataset_sizes is not None:
+        differences["dataset"] = dict(dataset_sizes)
+    return json.loads(json.dumps(differences))  # tuples -> lists, as in the record
+
+
+def run_variant(differences: dict) -> str | None:
+    """The variant of a run that differs from its preset (`differences` from `preset_differences`): "x" and the first
+    6 hex digits of the SHA-1 of `differences` as sorted, compact JSON, so the same differences give the same name in
+    every process and on every machine; None when `differences` is empty (a run of the preset itself)."""
+    if not differences:
+        return None
+    text = json.dumps(differences, sort_keys=True, separators=(",", ":"))
+    return "x" + hashlib.sha1(text.encode()).hexdigest()[:6]
+
+
+def conforms_to_preset(
+    record: dict,  # a results record (chapter 5: `"task"`, `"model"`, `"preset"`, `"config"`, `"data"`)
+    preset: str | Preset,  # the preset (or its name) as it is today
+) -> bool:
+    """Whether `record` is a run of `preset` as the preset is defined today: no variant, the preset's name, and
+    exactly the model configuration and result-relevant training configuration (`result_relevant`) the preset
+    gives for the record's task and model. Execution-only fields are not compared. A record missing any of these
+    is not conforming. The one comparison behind `finished_run` (reuse) and `load_runs` (the results tables)."""
+    preset = get_preset(preset)
+    try:
+        if record.get("variant") or record.get("overrides") or record["preset"] != preset.name:
+            return False
+        task, data = record["task"], record["data"]
+        model = build_config(task, record["model"], preset, data["vocab_size"], data["n_classes"]).to_dict()
+        stored_train = record["config"]["train"]
+        same_train = all(stored_train.get(k) == v for k, v in result_relevant(preset.train_config(task)).items())
+        return same_train and record["config"]["model"] == json.loads(json.dumps(model))
+    except (KeyError, TypeError, ValueError):
+        return False

@@ -28,17 +28,25 @@ from tqdm import tqdm
 from tqdm.auto import tqdm as auto_tqdm
 
 import hkt_nb
+from hkt_nb.lra.config import (
+    Preset,
+    TrainConfig,
+    build_config,
+    get_preset,
+    preset_differences,
+    run_name,
+    run_variant,
+)
 
 from ..model import HKTClassifier, count_parameters
 from .benchmarks import absolute_path, load_task, make_dataloader, subsample, task_sizes
-from .config import Preset, TrainConfig, build_config, get_preset, run_name
 
 # %% auto #0
 __all__ = ['param_groups', 'lr_factor', 'resolve_device', 'amp_dtype', 'setup_distributed', 'all_reduce_sum', 'ShardSampler',
            'seed_everything', 'rng_state', 'set_rng_state', 'atomic_save', 'evaluate', 'save_predictions',
            'gather_predictions', 'hardware_info', 'library_versions', 'hkt_internals', 'RunOptions', 'RunSpec', 'Run',
-           'execution_settings', 'build_run', 'fingerprint', 'restore', 'train_one_epoch', 'announce', 'validate',
-           'save_checkpoint', 'finish', 'train']
+           'run_identity', 'execution_settings', 'build_run', 'fingerprint', 'restore', 'train_one_epoch', 'announce',
+           'validate', 'save_checkpoint', 'finish', 'train']
 
 # %% ../../nbs/05a_loop.ipynb #4f8bf0c0
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -69,8 +77,7 @@ def resolve_device(device: str = "auto") -> torch.device:
         raise ValueError(f'device must be "auto", "cpu" or "cuda[:k]", got {device!r}')
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         msg = f"device={device!r} was requested but CUDA is not available (torch {torch.__version__}); using the CPU"
-        warnings.warn(msg)
-        print(msg, file=sys.stderr)
+        warnings.warn(msg, stacklevel=2)  # shown once, on stderr
         device = "cpu"
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -274,7 +281,8 @@ class RunOptions:
 
 @dataclass(frozen=True)
 class RunSpec:
-    "What a run computes: task, model, preset and seed, plus overrides of the preset and an optional dataset."
+    """What a run computes: task, model, preset and seed, plus overrides of the preset and an optional dataset.
+    Anything here that changes what the preset computes makes the run a variant of it (`run_identity`)."""
     task: str  # "listops", "imdb", "scifar10" or "synthetic"
     model: str = "hkt"  # one of `MODELS`
     preset: str | Preset = "smoke"
@@ -314,6 +322,12 @@ class Run:
     train_time: float = 0.0
     n_seen: int = 0
     budget_stop: dict | None = None  # where the time budget stopped the run (see `train_one_epoch`)
+    overrides: dict = field(default_factory=dict)  # what differs from the preset (`preset_differences`; {}: none)
+
+    @property
+    def variant(self) -> str | None:
+        "The run's variant of its preset (`run_variant`), None for a run of the preset itself."
+        return run_variant(self.overrides)
 
     @property
     def model(self) -> nn.Module:
@@ -351,6 +365,20 @@ def _train_config(spec: RunSpec, preset: Preset) -> TrainConfig:
     if spec.epochs is not None:
         overrides["epochs"] = spec.epochs
     return replace(preset.train_config(spec.task), **overrides)
+
+
+def run_identity(spec: RunSpec) -> tuple[str, dict]:
+    """`(name, differences)` of a run: `differences` is what it computes differently from its preset
+    (`preset_differences` of its training configuration, model overrides and, for a given dataset, the sizes of
+    its splits), and `name` is `run_name` with the variant `run_variant(differences)`: exactly
+    `<task>-<model>-<preset>-seed<k>` for a run of the preset itself (differences `{}`), else
+    `<task>-<model>-<preset>-<variant>-seed<k>`. Raises ValueError / TypeError for an unknown preset or a bad
+    override (chapter 5, *Run names*)."""
+    preset = get_preset(spec.preset)
+    sizes = None if spec.dataset is None else {split: len(spec.dataset[split])
+                                                for split in ("train", "validation", "test") if split in spec.dataset}
+    differences = preset_differences(spec.task, preset, _train_config(spec, preset), spec.model_overrides, sizes)
+    return run_name(spec.task, spec.model, preset.name, spec.seed, run_variant(differences)), differences
 
 
 def _load_splits(spec: RunSpec, options: RunOptions, train_config: TrainConfig) -> tuple[dict, int, int]:
@@ -421,7 +449,7 @@ def build_run(spec: RunSpec, options: RunOptions) -> Run:
     device = resolve_device(options.device)
     if train_config.batch_size % world:
         raise ValueError(f"batch_size={train_config.batch_size} must be divisible by the number of processes ({world})")
-    name = run_name(spec.task, spec.model, preset.name, spec.seed)
+    name, differences = run_identity(spec)
     results_dir = _writable_folder(absolute_path(options.results_dir), "results folder")
     checkpoint_dir = (absolute_path(options.checkpoint_dir) if options.checkpoint_dir
                       else _default_checkpoint_dir(results_dir, name))
@@ -441,7 +469,7 @@ def build_run(spec: RunSpec, options: RunOptions) -> Run:
     seed_everything(spec.seed + rank)
     return Run(name, replace(spec, preset=preset), options, train_config, model_config, device, dtype, rank, world,
                splits, loaders, network, optimizer, scheduler, scaler, results_dir, checkpoint_dir / "last.pt",
-               n_classes, vocab_size)
+               n_classes, vocab_size, overrides=differences)
 
 # %% ../../nbs/05a_loop.ipynb #8ec0a6fb
 def fingerprint(run: Run) -> dict:
@@ -557,6 +585,12 @@ def announce(run: Run) -> None:
              f"{len(run.splits['validation']):,} val / {len(run.splits['test']):,} test examples, "
              f"{run.train_config.epochs} epochs x {len(run.loaders['train'])} steps, device {run.device}"
              f"{f' x {run.world} processes' if run.world > 1 else ''}, autocast {run.dtype}")
+    if run.overrides:
+        described = "; ".join(f"{part} " + ", ".join(f"{k}={v}" for k, v in values.items())
+                              for part, values in run.overrides.items())
+        run.show(f"{run.name}: a variant of preset {run.spec.preset.name!r} ({described}), written to "
+                 f"{run.results_dir / (run.name + '.json')}; the preset's own run "
+                 f"{run_name(run.spec.task, run.spec.model, run.spec.preset.name, run.spec.seed)} is not touched")
 
 # %% ../../nbs/05a_loop.ipynb #07b24910
 def validate(run: Run, epoch: int, train_loss: float, n_examples: int, seconds: float) -> None:
@@ -593,7 +627,7 @@ def _record(run: Run) -> dict:
     "The results dict of a run so far (paths relative to the results folder, never absolute)."
     spec, complete = run.spec, len(run.history) == run.train_config.epochs
     return {"run": run.name, "complete": complete, "task": spec.task, "model": spec.model,
-            "preset": spec.preset.name, "seed": spec.seed,
+            "preset": spec.preset.name, "seed": spec.seed, "variant": run.variant, "overrides": run.overrides,
             "config": {"model": run.model_config.to_dict(), "train": asdict(run.train_config),
                        "preset_why": spec.preset.why},
             "data": {"vocab_size": run.vocab_size, "n_classes": run.n_classes, "seq_len": run.model_config.max_len,
@@ -658,6 +692,7 @@ def finish(run: Run) -> dict:
              f"{test['test_acc']:.4f} (majority {test['majority_test_acc']:.4f}); {test['wall_time_s']:.0f} s")
     if run.rank == 0:
         _write_outputs(run, results, predictions)
+        run.show(f"{run.name}: record written to {run.results_dir / (run.name + '.json')}")
     if run.world > 1:
         dist.barrier()
     return results
@@ -683,7 +718,7 @@ def train(
     *,
     options: RunOptions | None = None,  # how the run executes; its fields may also be given as keywords
     **keywords,  # fields of `RunSpec` (epochs, dataset, model_overrides, train_overrides) or of `RunOptions`
-) -> dict:  # the results record, also written to `<results_dir>/<task>-<model>-<preset>-seed<k>.json` by rank 0
+) -> dict:  # the results record, also written to `<results_dir>/<name>.json` by rank 0 (`run_identity`)
     "Train one run, step by step (chapter 5); launch under `torchrun` for several processes."
     spec_values, option_values = _split_keywords(keywords)
     run = build_run(RunSpec(task, model, preset, seed, **spec_values), replace(options or RunOptions(), **option_values))

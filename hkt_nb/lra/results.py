@@ -36,21 +36,27 @@ def run_name(task: str,  # "listops", "scifar10" or "imdb"
              preset: str,  # "smoke", "cpu" or "paper"
              seed: int,  # the run's seed
              ) -> str:
-    "The name of a run, `<task>-<model>-<preset>-seed<k>`, which is also its file stem (chapter 5)."
+    "The name of a preset's own run, `<task>-<model>-<preset>-seed<k>`, also its file stem (variants: chapter 5)."
     return f"{task}-{model}-{preset}-seed{seed}"
 
 
 def load_runs(results_dir,  # folder holding `<run>.json` records
-              preset: str | None = None,  # keep only this preset (None: all)
+              preset: str | None = None,  # keep only the runs of this preset as it is today (None: every run)
               ) -> dict:
-    "Finished run records (`complete` true and a `test_acc`) keyed by run name; unreadable or partial files are skipped."
+    """Finished run records (`complete` true and a `test_acc`) keyed by run name; unreadable or partial files are
+    skipped. With `preset`, only the records that conform to that preset today (`conforms_to_preset`, chapter 5):
+    never a variant (`<task>-<model>-<preset>-<variant>-seed<k>`), nor a run of a preset that has changed since.
+    Raises ValueError for an unknown preset name."""
+    if preset is not None:
+        from hkt_nb.lra.config import conforms_to_preset  # imports torch: only when one preset's runs are asked for
     runs = {}
     for path in sorted(Path(results_dir).glob("*-seed*.json")):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if record.get("complete") is True and "test_acc" in record and preset in (None, record.get("preset")):
+        if record.get("complete") is True and "test_acc" in record and (
+                preset is None or conforms_to_preset(record, preset)):
             runs[record.get("run", path.stem)] = record
     return runs
 

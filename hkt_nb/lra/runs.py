@@ -26,15 +26,24 @@ from hkt_nb.lra.config import (
     Preset,
     TrainConfig,
     build_config,
+    conforms_to_preset,
     get_preset,
-    result_relevant,
     run_name,
+)
+from hkt_nb.lra.loop import (
+    RunSpec,
+    _split_keywords,
+    atomic_save,
+    evaluate,
+    resolve_device,
+    run_identity,
+    save_predictions,
+    train,
 )
 
 from ..model import HKTClassifier, count_parameters
 from .benchmarks import absolute_path, load_task, make_dataloader, task_sizes
 from .listops import LISTOPS_SETTINGS
-from .loop import atomic_save, evaluate, resolve_device, save_predictions, train
 
 # %% auto #0
 __all__ = ['FULL_TRAIN_SIZE', 'predict_run', 'finished_run', 'load_or_train', 'default_results_dir', 'records_url',
@@ -78,9 +87,10 @@ def finished_run(
     seed: int,
     results_dir="results",  # the folder of the results JSON files
 ) -> dict | None:  # the stored record, or None
-    """The results dict of a finished run with exactly the configuration `preset` gives today, read from
-    `results_dir/<task>-<model>-<preset>-seed<k>.json`; None when there is none (or it is stale or unfinished).
-    Only result-relevant fields are compared (`result_relevant`): execution options never make a run stale."""
+    """The results dict of a finished run of `preset` as it is today, read from
+    `results_dir/<task>-<model>-<preset>-seed<k>.json`; None when there is none, or it is unfinished, or it does not
+    conform to the preset (`conforms_to_preset`: a variant, or a preset that has changed since). Only
+    result-relevant fields are compared (`result_relevant`): execution options never make a run stale."""
     preset = get_preset(preset)
     path = absolute_path(results_dir) / f"{run_name(task, model, preset.name, seed)}.json"
     if not path.is_file():
@@ -88,12 +98,7 @@ def finished_run(
     record = json.loads(path.read_text())
     if not record.get("complete") or "test_acc" not in record:
         return None
-    vocab_size, n_classes = record["data"]["vocab_size"], record["data"]["n_classes"]
-    want_model = json.loads(json.dumps(build_config(task, model, preset, vocab_size, n_classes).to_dict()))
-    want_train = result_relevant(preset.train_config(task))
-    stored_train = record["config"]["train"]
-    same_train = all(stored_train.get(k) == v for k, v in want_train.items())
-    return record if record["config"]["model"] == want_model and same_train else None
+    return record if conforms_to_preset(record, preset) else None
 
 
 def load_or_train(
@@ -107,8 +112,11 @@ def load_or_train(
     **keywords,  # passed to `train` (device, data_dir, ...)
 ) -> dict:  # the record, with "loaded" True when read from disk
     """`finished_run(...)` if there is one and `retrain` is False, else `train(task, model, preset, seed, ...)`
-    (keywords go to `train`). The returned dict has `"loaded": True` when it was read from disk."""
-    record = None if retrain else finished_run(task, model, preset, seed, results_dir)
+    (keywords go to `train`). A variant of the preset (keywords such as `epochs` or `train_overrides` that change what
+    the run computes, `run_identity`) is never a finished run of the preset: it is trained, under its own name.
+    The returned dict has `"loaded": True` when it was read from disk. Raises TypeError for an unknown keyword."""
+    _, differences = run_identity(RunSpec(task, model, preset, seed, **_split_keywords(keywords)[0]))
+    record = None if retrain or differences else finished_run(task, model, preset, seed, results_dir)
     if record is not None:
         print(f"{record['run']}: loaded the finished run from {absolute_path(results_dir) / (record['run'] + '.json')} "
               f"(trained {record.get('created', '?')}, {record['hardware'].get('device', '?')})", flush=True)
@@ -397,26 +405,17 @@ def run_experiment(
     return experiment
 
 # %% ../../nbs/05b_runs.ipynb #8a4a6731
-def _positive_int(text: str) -> int:
-    "argparse type: an int >= 1 (0 and negatives are rejected, never read as 'not given')."
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    "argparse type: an int >= 0."
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+def _int_at_least(minimum: int):
+    "An argparse type: the text of an int >= `minimum` (smaller values are rejected, never read as 'not given')."
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -425,23 +424,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--task", required=True, choices=[*TASKS, "synthetic"])
     parser.add_argument("--model", default="hkt", choices=list(MODELS))
     parser.add_argument("--preset", default="smoke", choices=sorted(PRESETS))
-    parser.add_argument("--seed", type=_non_negative_int, default=0)
+    parser.add_argument("--seed", type=_int_at_least(0), default=0)
     parser.add_argument("--device", default="auto", help='"auto" (default), "cpu" or "cuda[:k]"')
     parser.add_argument("--data-dir", default=None, help="local data folder (default: $HKT_DATA_DIR)")
     parser.add_argument("--results-dir", default=None, help="default: the repository's results/ inside a clone, "
                         "else a mounted Google Drive's hkt_nb/results, else ./results ($HKT_RESULTS_DIR overrides)")
     parser.add_argument("--checkpoint-dir", default=None)
-    parser.add_argument("--epochs", type=_positive_int, default=None, help="override the preset's number of epochs")
+    parser.add_argument("--epochs", type=_int_at_least(1), default=None,
+                        help="override the preset's number of epochs (another number makes the run a variant of the "
+                             "preset, written under its own name)")
     parser.add_argument("--no-resume", action="store_true", help="start afresh even if a checkpoint exists")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--amp", default=None, choices=list(AMP_MODES),
                         help='mixed precision (default: the preset\'s, "auto": bf16 on compute capability >= 8.0, '
-                             'else fp16 with loss scaling on GPUs, float32 on CPUs)')
+                             'else fp16 with loss scaling on GPUs, float32 on CPUs; another value makes a variant)')
     parser.add_argument("--compile", default=None, action=argparse.BooleanOptionalAction,
                         help="torch.compile the model (default: on CUDA only; execution only, never changes results)")
     parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                         help="stop cleanly between two steps after this many seconds (the run stays incomplete)")
-    parser.add_argument("--threads", type=_positive_int, default=None,
+    parser.add_argument("--threads", type=_int_at_least(1), default=None,
                         help="torch CPU threads (default: torch's choice; use 1 when other jobs share the cores)")
     arguments = parser.parse_args(argv)
     if not (arguments.device in ("auto", "cpu") or arguments.device.startswith("cuda")):
