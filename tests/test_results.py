@@ -203,12 +203,15 @@ def test_different_test_sets_are_refused(tmp_path):
         compare_on_seed(tmp_path, load_runs(tmp_path), "listops", ("hkt", "mha"), "cpu", 0)
 
 
-def test_copy_finished_runs_skips_partial(tmp_path):
+def test_copy_finished_runs_skips_partial_and_variants(tmp_path):
     source, dest = tmp_path / "source", tmp_path / "dest"
     source.mkdir(), dest.mkdir()
     labels = np.arange(20) % 10
     _write_run(source, "listops", "hkt", 0, 0.5, labels)
     _write_run(source, "listops", "hkt", 1, 0.5, labels, complete=False)
+    variant = json.loads((source / "listops-hkt-cpu-seed0.json").read_text())  # a shortened run: its own name
+    variant.update(run="listops-hkt-cpu-x240573-seed0", variant="x240573", overrides={"epochs": 1})
+    (source / "listops-hkt-cpu-x240573-seed0.json").write_text(json.dumps(variant))
     assert copy_finished_runs(source, dest) == ["listops-hkt-cpu-seed0"]
     assert sorted(p.name for p in dest.iterdir()) == ["listops-hkt-cpu-seed0.json", "predictions"]
     assert load_predictions(dest, load_runs(dest)["listops-hkt-cpu-seed0"]) is not None

@@ -83,9 +83,12 @@ def copy_finished_runs(source_dir,  # a training folder's results/ (records, pre
                        ) -> list:
     """Copy every finished run (its record says `"complete": true`) with its predictions and checkpoint from
     `source_dir` to `dest_dir`; the record is copied last, so a reader never sees a record without its arrays.
-    Partial runs are skipped. Returns the names of the runs whose record changed."""
+    Partial runs and variants (runs whose configuration differs from their preset's: `run_variant`, chapter 5)
+    are skipped: the book's `results/` holds preset runs only. Returns the names of the runs whose record changed."""
     source_dir, dest_dir, copied = Path(source_dir), Path(dest_dir), []
     for name, record in load_runs(source_dir).items():
+        if record.get("variant"):
+            continue
         for key in ("predictions_path", "model_path"):
             relative = record.get(key)
             if relative and (source_dir / relative).exists():
