@@ -93,10 +93,6 @@ def severe_logs(driver) -> list[str]:
     return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
 
 
-# Known and not yet understood: on these two pages the browser's text content holds a "$$" that the built HTML
-# source does not contain (found 2026-11-30, after the last book build of that session); every other check
-# still runs on them. Remove an entry once its page passes.
-KNOWN_RAW_DOLLARS = {"nbs/09_results", "nbs/14_approximation"}
 
 
 @pytest.mark.parametrize("page", toc_pages())
@@ -112,8 +108,7 @@ def test_book_page_in_chromium(browser, page, settings):
         assert state == "typeset", f"MathJax did not typeset {page}: {state}"
     assert found["untypeset"] == [], f"maths left as text on {page}"
     assert found["errors"] == [], f"MathJax errors on {page}"
-    if page not in KNOWN_RAW_DOLLARS:
-        assert found["raw"] == [], f"raw TeX left in the text of {page}"
+    assert found["raw"] == [], f"raw TeX left in the text of {page}: {found['raw']}"
     broken = [image["src"] for image in found["images"] if not image["ok"]]
     assert broken == [], f"images that did not load on {page}"
     colab = colab_url(page, settings)
