@@ -4,6 +4,7 @@ prefix consistency, side effects, the paper-preset warning; and the pins that ke
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -28,11 +29,11 @@ from hkt_nb.lra.loop import RunSpec, run_identity, train
 from hkt_nb.lra.results import load_runs
 from hkt_nb.lra.runs import (
     check_experiment_parameters,
+    estimated_time,
     finished_run,
     load_or_train,
     main,
     parse_args,
-    warn_if_slow,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -256,11 +257,14 @@ def test_records_hold_no_absolute_paths(tmp_path):
 # ---------------------------------------------------------------- 15. the paper preset on a CPU
 @pytest.mark.parametrize("task", TASKS)
 def test_paper_preset_on_cpu_warns_with_an_estimate(task):
-    with pytest.warns(UserWarning, match=r"would take about [\d,]+ hours"):
-        warn_if_slow(task, ["hkt", "mha"], "paper", [0, 1, 2], "cpu", REPO / "results")
+    with pytest.warns(UserWarning, match=r"would take about [\d,]+ hours") as caught:
+        line = estimated_time(task, ["hkt", "mha"], "paper", [0, 1, 2], "cpu", REPO / "results")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        warn_if_slow(task, ["hkt"], "cpu", [0], "cpu", REPO / "results")
+        estimated_time(task, ["hkt"], "cpu", [0], "cpu", REPO / "results")
+    # the warning and the printed line carry the same estimate (one computation)
+    hours = re.search(r"would take about ([\d,]+) hours", str(caught[0].message)).group(1)
+    assert f"about {hours} h for 6 run(s)" in line
 
 
 # ---------------------------------------------------------------- pins: committed runs stay valid

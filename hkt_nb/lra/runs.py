@@ -47,8 +47,8 @@ from .listops import LISTOPS_SETTINGS
 
 # %% auto #0
 __all__ = ['FULL_TRAIN_SIZE', 'predict_run', 'finished_run', 'load_or_train', 'default_results_dir', 'records_url',
-           'fetch_record', 'estimate_seconds', 'estimated_time', 'warn_if_slow', 'check_experiment_parameters',
-           'Experiment', 'run_experiment', 'parse_args', 'main']
+           'fetch_record', 'estimate_seconds', 'estimated_time', 'check_experiment_parameters', 'Experiment',
+           'run_experiment', 'parse_args', 'main']
 
 # %% ../../nbs/05b_runs.ipynb #57ce0bdd
 def predict_run(
@@ -250,38 +250,25 @@ def estimated_time(
     results_dir="results",  # where the finished `cpu` runs are
 ) -> str:  # one line to print before training
     """The estimated training time of the runs about to start on the detected device, from recorded throughput
-    (`estimate_seconds`: the finished `cpu` runs), or what is missing for an estimate."""
+    (`estimate_seconds`: the finished `cpu` runs), or what is missing for an estimate. When the GPU-sized `paper`
+    preset is about to run on a CPU it also warns (UserWarning), with the same estimate in hours."""
     preset = get_preset(preset)
     target = torch.device("cuda" if str(device) != "cpu" and torch.cuda.is_available() else "cpu")
-    estimates = [estimate_seconds(task, model, preset, results_dir) for model in models]
+    n_runs = len(models) * len(seeds)
     if target.type != "cpu":
         return (f"estimated time on {target}: no GPU throughput is recorded yet (`make gpu-check` records one); the "
-                f"{len(models) * len(seeds)} run(s) of preset {preset.name!r} are sized for one GPU")
-    if any(seconds is None for seconds in estimates):
-        return f"estimated time on this CPU: unknown (no finished cpu-preset run of {task} in {results_dir})"
-    total = sum(estimates) * len(seeds)
-    span = f"{total:.0f} s" if total < 120 else f"{total / 60:.0f} min" if total < 7200 else f"{total / 3600:,.0f} h"
-    return (f"estimated time on this CPU: about {span} for {len(models) * len(seeds)} run(s) of preset "
-            f"{preset.name!r} (from the throughput of the recorded cpu runs; finished runs are loaded instead)")
-
-
-def warn_if_slow(
-    task: str,  # "listops", "imdb" or "scifar10"
-    models,  # the models about to run
-    preset: str | Preset,
-    seeds,  # the seeds about to run
-    device: str,  # "auto", "cpu" or "cuda[:k]"
-    results_dir="results",  # where the finished `cpu` runs are
-) -> None:
-    "Warn, with the estimated time, when a GPU-sized preset (`paper`) is about to run on a CPU."
-    preset = get_preset(preset)
-    if preset.name != "paper" or resolve_device(device).type != "cpu":
-        return
+                f"{n_runs} run(s) of preset {preset.name!r} are sized for one GPU")
     estimates = [estimate_seconds(task, model, preset, results_dir) for model in models]
-    known = [seconds for seconds in estimates if seconds is not None]
-    hours = f"about {sum(known) * len(seeds) / 3600:,.0f} hours" if len(known) == len(estimates) else "many hours"
-    warnings.warn(f"the 'paper' preset is sized for a GPU; on this CPU {len(models) * len(seeds)} run(s) of {task} "
-                  f"would take {hours} (from the throughput of the recorded cpu runs)", stacklevel=3)
+    total = None if None in estimates else sum(estimates) * len(seeds)
+    if preset.name == "paper":
+        hours = "many hours" if total is None else f"about {total / 3600:,.0f} hours"
+        warnings.warn(f"the 'paper' preset is sized for a GPU; on this CPU {n_runs} run(s) of {task} would take "
+                      f"{hours} (from the throughput of the recorded cpu runs)", stacklevel=2)
+    if total is None:
+        return f"estimated time on this CPU: unknown (no finished cpu-preset run of {task} in {results_dir})"
+    span = f"{total:.0f} s" if total < 120 else f"{total / 60:.0f} min" if total < 7200 else f"{total / 3600:,.0f} h"
+    return (f"estimated time on this CPU: about {span} for {n_runs} run(s) of preset {preset.name!r} (from the "
+            f"throughput of the recorded cpu runs; finished runs are loaded instead)")
 
 # %% ../../nbs/05b_runs.ipynb #f48e1e01
 def _as_list(name: str, value, kind: type) -> list:
@@ -396,7 +383,6 @@ def run_experiment(
           f"{params['results_dir']}", flush=True)
     print(estimated_time(task, params["models"], preset_object, params["seeds"], device, params["results_dir"]),
           flush=True)
-    warn_if_slow(task, params["models"], preset_object, params["seeds"], device, params["results_dir"])
     for model in params["models"]:
         for seed in params["seeds"]:
             experiment.results[model, seed] = load_or_train(
@@ -464,8 +450,8 @@ def main(argv=None) -> None:
     if arguments.threads is not None:
         torch.set_num_threads(arguments.threads)
     if arguments.task in FULL_TRAIN_SIZE:
-        warn_if_slow(arguments.task, [arguments.model], arguments.preset, [arguments.seed], arguments.device,
-                     arguments.results_dir)
+        print(estimated_time(arguments.task, [arguments.model], arguments.preset, [arguments.seed], arguments.device,
+                             arguments.results_dir), flush=True)
     try:
         train(arguments.task, arguments.model, arguments.preset, arguments.seed, device=arguments.device,
               data_dir=arguments.data_dir, results_dir=arguments.results_dir, checkpoint_dir=arguments.checkpoint_dir,
