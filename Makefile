@@ -88,7 +88,8 @@ clean:
 	rm -rf _build _proc _docs build dist *.egg-info results/chapters/smoke
 
 ## results: regenerate the results chapter from results/ alone (no training, no data) into
-## _build/results/09_results.ipynb (`make book` renders it). RESULTS_PRESET=auto|smoke|cpu|paper (auto: the largest with runs)
+## _build/results/09_results.ipynb (`make book` renders it). RESULTS_PRESET=auto|smoke|cpu|paper (auto: the
+## largest preset whose expected grid is complete, else the preset with the most finished runs)
 RESULTS_PRESET ?= auto
 .PHONY: results
 results: install

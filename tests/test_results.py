@@ -1,6 +1,7 @@
 """Tests of hkt_nb.lra.results: the paired statistics against known answers and scipy, the verdict rules, and
 reading runs, including the committed ListOps seed-0 predictions (issue 11)."""
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from hkt_nb.lra.results import (
     load_predictions,
     load_runs,
     mcnemar_exact,
+    mcnemar_power,
     paired_bootstrap,
     run_grid,
     run_name,
@@ -64,6 +66,47 @@ def test_mcnemar_concordant_examples_do_not_matter():
     base = mcnemar_exact(a, b)["p_value"]
     padded = mcnemar_exact(np.r_[a, np.ones(500, bool)], np.r_[b, np.ones(500, bool)])["p_value"]
     assert padded == base
+
+
+def _power_by_enumeration(n_discordant, n_test, difference, alpha=0.05):
+    """Brute force in exact rational arithmetic: sum P(n_10 = k) over every k whose exact p-value is below alpha."""
+    from fractions import Fraction
+    q = (1 + Fraction(difference).limit_denominator(10**6) * n_test / n_discordant) / 2
+    return sum(math.comb(n_discordant, k) * q**k * (1 - q) ** (n_discordant - k)
+               for k in range(n_discordant + 1) if binomial_two_sided_p(k, n_discordant) < alpha)
+
+
+@pytest.mark.parametrize("n_discordant,n_test,difference", [(12, 40, 0.1), (30, 200, -0.05), (57, 300, 0.02), (9, 9, 1.0)])
+def test_mcnemar_power_equals_brute_force_sum(n_discordant, n_test, difference):
+    expected = float(_power_by_enumeration(n_discordant, n_test, difference))
+    assert mcnemar_power(n_discordant, n_test, difference) == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+def test_mcnemar_power_known_values_and_scipy():
+    assert mcnemar_power(6, 100, 0.0) == pytest.approx(2 / 64, rel=1e-14)  # only 0 or 6 of 6 reject: 2 * 2**-6
+    assert mcnemar_power(6, 100, 0.06) == 1.0  # all 6 discordant examples favour A: always rejects
+    assert mcnemar_power(5, 100, 0.0) == 0.0 and mcnemar_power(0, 100, 0.0) == 0.0  # no outcome can reject
+    n_d, n, difference = 218, 2000, 0.015  # the size of the ListOps cpu pairs
+    k = np.arange(n_d + 1)
+    rejects = np.array([stats.binomtest(int(i), n_d, 0.5).pvalue < 0.05 for i in k])
+    reference = stats.binom.pmf(k, n_d, (1 + difference * n / n_d) / 2)[rejects].sum()
+    assert mcnemar_power(n_d, n, difference) == pytest.approx(reference, rel=1e-10)
+
+
+@pytest.mark.parametrize("n_discordant,n_test", [(20, 100), (218, 2000), (1500, 10_000)])
+def test_mcnemar_power_size_monotone_symmetric(n_discordant, n_test):
+    assert mcnemar_power(n_discordant, n_test, 0.0) <= 0.05  # the exact test is conservative
+    steps = [j / n_test for j in range(0, n_discordant + 1, max(1, n_discordant // 40))]
+    powers = [mcnemar_power(n_discordant, n_test, d) for d in steps]
+    assert all(b >= a - 1e-12 for a, b in zip(powers, powers[1:])) and powers[-1] > powers[0]
+    for d in steps:
+        assert mcnemar_power(n_discordant, n_test, -d) == pytest.approx(mcnemar_power(n_discordant, n_test, d), abs=1e-12)
+
+
+def test_mcnemar_power_refuses_impossible_settings():
+    for args in [(10, 100, 0.2), (-1, 100, 0.0), (101, 100, 0.0), (10, 100, 0.0, 1.5)]:
+        with pytest.raises(ValueError):
+            mcnemar_power(*args)
 
 
 def test_bootstrap_multinomial_equals_index_bootstrap():

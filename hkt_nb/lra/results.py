@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['EXPECTED_MODELS', 'SEEDS', 'ALPHA', 'VERDICT_RULES', 'run_name', 'load_runs', 'load_predictions',
-           'copy_finished_runs', 'binomial_two_sided_p', 'mcnemar_exact', 'paired_bootstrap', 'correctness_correlation',
-           'standard_errors', 'compare_on_seed', 'seed_summary', 'verdict', 'run_grid']
+           'copy_finished_runs', 'binomial_two_sided_p', 'mcnemar_exact', 'mcnemar_power', 'paired_bootstrap',
+           'correctness_correlation', 'standard_errors', 'compare_on_seed', 'seed_summary', 'verdict', 'run_grid']
 
 # %% ../../nbs/09_results.ipynb #87d7b9c2
 import json
@@ -122,6 +122,50 @@ def mcnemar_exact(correct_a,  # bool array (n,): A right on example i
     n = len(correct_a)
     return {"only_a": only_a, "only_b": only_b, "n": n, "difference": (only_a - only_b) / max(n, 1),
             "p_value": binomial_two_sided_p(only_a, only_a + only_b)}
+
+# %% ../../nbs/09_results.ipynb #5b3bdf6d
+def _rejection_cutoff(trials: int,  # n_d, the discordant examples
+                      alpha: float,  # the level of the test
+                      ) -> int:
+    "Largest c < trials / 2 with `binomial_two_sided_p(c, trials) < alpha` (exact integers), or -1 when none rejects."
+    cutoff, tail, total = -1, 0, 2**trials
+    for k in range((trials + 1) // 2):
+        tail += math.comb(trials, k)
+        if min(1.0, 2 * tail / total) >= alpha:
+            break
+        cutoff = k
+    return cutoff
+
+
+def _binomial_pmf(k: int, trials: int, q: float) -> float:
+    "P(Binomial(trials, q) = k) from the exact coefficient, in log space (no underflow of q**k)."
+    if q in (0.0, 1.0):
+        return float(k == (0 if q == 0.0 else trials))
+    return math.exp(math.log(math.comb(trials, k)) + k * math.log(q) + (trials - k) * math.log1p(-q))
+
+
+def mcnemar_power(n_discordant: int,  # n_d = n_10 + n_01, the discordant examples (held fixed)
+                  n_test: int,  # n, the test examples
+                  difference: float,  # the true acc(A) - acc(B), a fraction (0.01 = 1 point)
+                  alpha: float = ALPHA,  # level of the two-sided exact test
+                  ) -> float:
+    """Probability in [0, 1] that McNemar's exact two-sided test (`binomial_two_sided_p` < `alpha`) rejects, in either
+    direction, when the true accuracy difference is `difference`, given `n_discordant` discordant examples among
+    `n_test`: n_10 ~ Binomial(n_discordant, q), q = (1 + difference * n_test / n_discordant) / 2. At difference 0 it
+    is the test's size (<= alpha). Raises ValueError unless 0 <= n_discordant <= n_test, 0 < alpha < 1 and
+    |difference| * n_test <= n_discordant (a difference needs that many discordant examples)."""
+    if not (0 <= n_discordant <= n_test and n_test >= 1 and 0 < alpha < 1):
+        raise ValueError(f"need 0 <= n_discordant <= n_test, n_test >= 1 and 0 < alpha < 1, got "
+                         f"{n_discordant}, {n_test}, {alpha}")
+    if abs(difference) * n_test > n_discordant * (1 + 1e-12):
+        raise ValueError(f"a difference of {difference} needs at least {abs(difference) * n_test:g} discordant "
+                         f"examples, got {n_discordant}")
+    cutoff = _rejection_cutoff(n_discordant, alpha)
+    if cutoff < 0:
+        return 0.0
+    q = min(1.0, max(0.0, (1 + difference * n_test / n_discordant) / 2))
+    tails = [*range(cutoff + 1), *range(n_discordant - cutoff, n_discordant + 1)]
+    return min(1.0, math.fsum(_binomial_pmf(k, n_discordant, q) for k in tails))
 
 # %% ../../nbs/09_results.ipynb #a9bae993
 def paired_bootstrap(correct_a,  # bool array (n,): A right on example i
