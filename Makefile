@@ -16,7 +16,7 @@ HKT_DATA_DIR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 export HKT_DATA_DIR
 export PYTHONHASHSEED := 0
 
-# the extras the chapters and the tests need (declared once, in settings.ini; README "Install")
+# the extras the chapters and the tests need (declared once, in settings.ini; README "Use the layer in your own model")
 EXTRAS ?= lra,theory,book,dev
 BOOK_HTML := _build/_build/html
 
@@ -88,8 +88,9 @@ clean:
 	rm -rf _build _proc _docs build dist *.egg-info results/chapters/smoke
 
 ## results: regenerate the results chapter from results/ alone (no training, no data) into
-## _build/results/09_results.ipynb (`make book` renders it). RESULTS_PRESET=auto|smoke|cpu|paper (auto: the
-## largest preset whose expected grid is complete, else the preset with the most finished runs)
+## _build/results/09_results.ipynb; the HTML book is not changed (`make book` executes nbs/09_results.ipynb
+## itself, also from results/). RESULTS_PRESET=auto|smoke|cpu|paper (auto: the largest preset whose expected
+## grid is complete, else the preset with the most finished runs)
 RESULTS_PRESET ?= auto
 .PHONY: results
 results: install

@@ -156,6 +156,17 @@ def test_time_budget_stops_cleanly_between_steps(tmp_path):
     assert not (tmp_path / f"{record['run']}.json").exists()  # an incomplete run writes no results file
 
 
+def test_time_budget_before_first_epoch_names_no_checkpoint(tmp_path, capsys):
+    "Stopped before any epoch finished: no last.pt exists, so the message must not offer to resume from one."
+    record = train("synthetic", "hkt", "smoke", 0, device="cpu", results_dir=tmp_path, progress=False,
+                   verbose=True, time_budget_s=0.0, train_overrides=SMALL, checkpoint_dir=tmp_path / "c")
+    out = capsys.readouterr().out
+    assert record["history"] == [] and not (tmp_path / "c" / "last.pt").exists()
+    assert "stopped after epoch 0 of" in out
+    assert "no epoch finished, so nothing was checkpointed and the next run starts afresh" in out
+    assert "run again to resume" not in out
+
+
 def test_resume_ignores_execution_only_fields(tmp_path):
     kw = dict(device="cpu", progress=False, verbose=False, results_dir=tmp_path, checkpoint_dir=tmp_path / "c")
     part = train("synthetic", "hkt", "smoke", 0, stop_after=1, train_overrides=SMALL, **kw)

@@ -673,7 +673,7 @@ def _write_outputs(run: Run, results: dict, predictions: np.ndarray) -> None:
 
 def finish(run: Run) -> dict:
     """Step 6: for a complete run, test the best-validation model and write the outputs; an incomplete one
-    (stopped by `stop_after`) returns its record with "complete": False and keeps its checkpoint."""
+    (stopped by `stop_after` or the time budget) returns its record with "complete": False and keeps its checkpoint."""
     results = _record(run)
     if run.budget_stop is not None:
         examples, seconds = run.n_seen + run.budget_stop["examples"], run.train_time + run.budget_stop["seconds"]
@@ -683,8 +683,14 @@ def finish(run: Run) -> dict:
                  f"after {run.budget_stop['steps_done']} of {run.budget_stop['steps_per_epoch']} steps "
                  f"({run.budget_stop['examples_per_s']:.0f} examples/s)")
     if not results["complete"]:
-        run.show(f"{run.name}: stopped after epoch {len(run.history)} of {run.train_config.epochs}; "
-                 f"run again to resume from {run.checkpoint_path}")
+        if run.history:
+            then = f"run again to resume from {run.checkpoint_path}"
+        elif run.checkpoint_path.exists():  # resume=False beside an older checkpoint, which is left as it was
+            then = (f"no epoch finished, so nothing was checkpointed; the next run resumes from the older "
+                    f"{run.checkpoint_path} unless resume=False (hkt-train --no-resume)")
+        else:  # stopped (time budget, stop_after=0) before the first checkpoint: there is nothing to resume
+            then = "no epoch finished, so nothing was checkpointed and the next run starts afresh"
+        run.show(f"{run.name}: stopped after epoch {len(run.history)} of {run.train_config.epochs}; {then}")
         return results
     test, predictions = _test_results(run)
     results.update(test)

@@ -415,7 +415,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--data-dir", default=None, help="local data folder (default: $HKT_DATA_DIR)")
     parser.add_argument("--results-dir", default=None, help="default: the repository's results/ inside a clone, "
                         "else a mounted Google Drive's hkt_nb/results, else ./results ($HKT_RESULTS_DIR overrides)")
-    parser.add_argument("--checkpoint-dir", default=None)
+    parser.add_argument("--checkpoint-dir", default=None,
+                        help="folder of the per-epoch checkpoint (last.pt) that an interrupted run resumes "
+                             "from (default: <results-dir>/checkpoints/<run>; removed when the run completes)")
     parser.add_argument("--epochs", type=_int_at_least(1), default=None,
                         help="override the preset's number of epochs (another number makes the run a variant of the "
                              "preset, written under its own name)")
