@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from torch import nn
 
+from ._checks import check_bool, check_heads, check_int, check_probability
 from .attention import HierarchicalAttention, MultiHeadAttention, add_to_class
-from .downsampling import check_bool, check_dropout, check_heads, check_int
 
 # %% auto #0
 __all__ = ['ClassifierConfig', 'make_attention', 'EncoderBlock', 'masked_mean', 'HKTClassifier', 'forward', 'attention_layers',
@@ -49,7 +49,7 @@ class ClassifierConfig:
         check_int("stride", self.stride, 2)
         if self.kernel_size is not None:
             check_int("kernel_size", self.kernel_size, self.stride)
-        check_dropout("dropout", self.dropout), check_dropout("attn_dropout", self.attn_dropout)
+        check_probability("dropout", self.dropout), check_probability("attn_dropout", self.attn_dropout)
         check_bool("causal", self.causal)
 
     to_dict = asdict
