@@ -19,7 +19,7 @@ from .downsampling import Pyramid
 # %% auto #0
 __all__ = ['check_attention_inputs', 'split_heads', 'merge_heads', 'attention_mask', 'level_scores', 'upsample_index',
            'upsample_tokens', 'upsample_scores', 'fuse_scores', 'masked_attention', 'hybrid_mix', 'fused_queries_keys',
-           'add_to_class', 'HKTScores', 'HierarchicalAttention', 'lambdas', 'gates', 'level_queries_keys',
+           'add_to_class', 'HKTScores', 'HierarchicalAttention', 'lambdas', 'gates', 'levels', 'level_queries_keys',
            'causal_value_conv', 'scores', 'forward', 'from_mha', 'MultiHeadAttention']
 
 # %% ../nbs/02_attention.ipynb #f49d9afc
@@ -281,10 +281,25 @@ def gates(self) -> torch.Tensor:
 
 # %% ../nbs/02_attention.ipynb #2389b6e0
 @add_to_class(HierarchicalAttention)
+def levels(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None):
+    """The level tokens $X^{(0)}, \dots, X^{(L-1)}$ the projections read, for x (B, T, D) and an optional
+    key_padding_mask (B, T) (True = padding): `(levels, masks)`, L tensors (B, T_l, D) and L bool tensors
+    (B, T_l), $T_l = \lceil T/s^l \rceil$. Level 0 is `x` as given; the coarser levels are the pyramid's
+    (chapter *Causal downsampling*). Raises like `forward` for bad inputs."""
+    check_attention_inputs(x, key_padding_mask, self.d_model, self.out_proj.weight.dtype)
+    return self._level_tokens(x, key_padding_mask)
+
+
+@add_to_class(HierarchicalAttention)
+def _level_tokens(self, x, key_padding_mask):
+    levels, masks = self.pyramid(x, key_padding_mask)
+    return [x, *levels[1:]], masks  # the fine level reads x as given (see the text)
+
+
+@add_to_class(HierarchicalAttention)
 def level_queries_keys(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None):
     "Per-level $Q^{(l)}, K^{(l)}$ of x (B, T, D) as two lists of L tensors (B, H, T_l, d) (Eq. 1)."
-    levels, _ = self.pyramid(x, key_padding_mask)
-    levels[0] = x  # the fine level reads x as given (see the text)
+    levels, _ = self._level_tokens(x, key_padding_mask)
     qs = [split_heads(proj(h), self.n_heads) for proj, h in zip(self.q_proj, levels)]
     ks = [split_heads(proj(h), self.n_heads) for proj, h in zip(self.k_proj, levels)]
     return qs, ks
@@ -360,8 +375,10 @@ def _flex_attention(device: torch.device):
     return _COMPILED_FLEX.setdefault("cuda", torch.compile(flex_attention, dynamic=False))
 
 
-def _coarse_score_mod(lambdas, coarse, maps, keep, causal):
+def _coarse_score_mod(lambdas, coarse, T, stride, keep, causal):
     "The `score_mod` adding sum_{l >= 1} lambda_l S_l[b, h, pi_l(q), pi_l(kv)] to the fine score, then the masks."
+    maps = [upsample_index(T, level, stride, causal, device=lambdas.device) for level in range(1, len(coarse) + 1)]
+
     def score_mod(score, b, h, q_idx, kv_idx):
         for level, (table, (index, valid)) in enumerate(zip(coarse, maps), start=1):
             term = lambdas[h, level] * table[b, h, index[q_idx], index[kv_idx]]
@@ -384,9 +401,8 @@ def _attend_flex(self, x, key_padding_mask, v):
     qs, ks = self.level_queries_keys(x, key_padding_mask)
     lambdas = self.lambdas.float()
     coarse = [level_scores(q, k) for q, k in zip(qs[1:], ks[1:])]  # (B, H, T_l, T_l), float32, Eq. (1)
-    maps = [upsample_index(T, level, self.stride, self.causal, device=x.device) for level in range(1, self.n_levels)]
     keep = None if key_padding_mask is None else ~key_padding_mask | key_padding_mask.all(-1, keepdim=True)
-    score_mod = _coarse_score_mod(lambdas, coarse, maps, keep, self.causal)
+    score_mod = _coarse_score_mod(lambdas, coarse, T, self.stride, keep, self.causal)
     q0 = qs[0] * lambdas[:, 0].to(qs[0].dtype)[None, :, None, None]  # lambda_0 S^(0) as the kernel's own score
     return flex(q0, ks[0], v, score_mod=score_mod, scale=1 / math.sqrt(self.head_dim))
 
