@@ -5,6 +5,7 @@
 # %% ../nbs/02_attention.ipynb #14610717
 from __future__ import annotations
 
+import importlib
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -13,14 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_bool, check_heads, check_int, check_probability
+from ._checks import check_bool, check_choice, check_heads, check_int, check_probability
 from .downsampling import Pyramid
 
 # %% auto #0
-__all__ = ['check_attention_inputs', 'split_heads', 'merge_heads', 'attention_mask', 'level_scores', 'upsample_index',
-           'upsample_tokens', 'upsample_scores', 'fuse_scores', 'masked_attention', 'hybrid_mix', 'fused_queries_keys',
-           'add_to_class', 'HKTScores', 'HierarchicalAttention', 'lambdas', 'gates', 'levels', 'level_queries_keys',
-           'causal_value_conv', 'scores', 'forward', 'from_mha', 'MultiHeadAttention']
+__all__ = ['ATTENTION_IMPLS', 'check_attention_inputs', 'split_heads', 'merge_heads', 'attention_mask', 'level_scores',
+           'upsample_index', 'upsample_tokens', 'upsample_scores', 'fuse_scores', 'masked_attention', 'hybrid_mix',
+           'fused_queries_keys', 'add_to_class', 'HKTScores', 'HierarchicalAttention', 'lambdas', 'gates', 'levels',
+           'level_queries_keys', 'causal_value_conv', 'scores', 'forward', 'from_mha', 'MultiHeadAttention']
 
 # %% ../nbs/02_attention.ipynb #f49d9afc
 def check_attention_inputs(
@@ -330,82 +331,47 @@ def scores(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) 
     return HKTScores(levels, upsampled, fused, probs, lambdas, self.gates)
 
 
-@add_to_class(HierarchicalAttention)
-def _attend_fused(self, x, key_padding_mask, v):
-    T, d, L = x.shape[1], self.head_dim, self.n_levels
-    qs, ks = self.level_queries_keys(x, key_padding_mask)
-    lambdas = self.lambdas.to(qs[0].dtype)
-    q, k = fused_queries_keys(qs, ks, lambdas, T, self.stride, self.causal)
-    allowed = attention_mask(key_padding_mask, T, self.causal and key_padding_mask is not None, x.device)
+# %% ../nbs/02_attention.ipynb #a37b2bf1
+def _attend_fused(layer, x, key_padding_mask, v):
+    "The fused form: one `scaled_dot_product_attention` call on the concatenated $\\tilde Q, \\tilde K$; (B, H, T, d)."
+    T, d, L = x.shape[1], layer.head_dim, layer.n_levels
+    qs, ks = layer.level_queries_keys(x, key_padding_mask)
+    lambdas = layer.lambdas.to(qs[0].dtype)
+    q, k = fused_queries_keys(qs, ks, lambdas, T, layer.stride, layer.causal)
+    allowed = attention_mask(key_padding_mask, T, layer.causal and key_padding_mask is not None, x.device)
     out = F.scaled_dot_product_attention(
-        q, k, F.pad(v, (0, (L - 1) * d)), attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0,
-        is_causal=self.causal and key_padding_mask is None, scale=1 / math.sqrt(d))
+        q, k, F.pad(v, (0, (L - 1) * d)), attn_mask=allowed, dropout_p=layer.dropout if layer.training else 0.0,
+        is_causal=layer.causal and key_padding_mask is None, scale=1 / math.sqrt(d))
     return out[..., :d]
 
 
+def _attend_explicit(layer, x, key_padding_mask, v):
+    "The explicit form: the probabilities of `scores` (Eq. 4) times V; (B, H, T, d)."
+    return layer.scores(x, key_padding_mask).attention.to(v.dtype) @ v
+
+
+def _experimental(path: str):
+    "An implementation in `hkt_nb.experimental`, imported on its first call; `path` is 'module:function'."
+    def attend(*args):
+        module, name = path.split(":")
+        return getattr(importlib.import_module(module), name)(*args)
+    return attend
+
+
+#: impl name -> function (layer, x, key_padding_mask, v) -> the attention output (B, H, T, d)
+ATTENTION_IMPLS = {"fused": _attend_fused, "explicit": _attend_explicit,
+                   "flex": _experimental("hkt_nb.experimental.flex:attend_flex")}
+
+# %% ../nbs/02_attention.ipynb #547cd7dd
 @add_to_class(HierarchicalAttention)
 def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, impl: str = "fused") -> torch.Tensor:
-    "HKT attention of x (B, T, D) -> (B, T, D), Eqs. (1)-(5); `impl` \"fused\" (SDPA) or \"explicit\"."
+    "HKT attention of x (B, T, D) -> (B, T, D), Eqs. (1)-(5), by the implementation `impl` of `ATTENTION_IMPLS`."
+    check_choice("impl", impl, ATTENTION_IMPLS)
     check_attention_inputs(x, key_padding_mask, self.d_model, self.out_proj.weight.dtype)
     v = self.v_proj(x)  # (B, T, D), shared by the attention and the convolution of the hybrid head
-    if impl == "fused":
-        attended = self._attend_fused(x, key_padding_mask, split_heads(v, self.n_heads))
-    elif impl == "explicit":
-        probs = self.scores(x, key_padding_mask).attention
-        attended = probs.to(v.dtype) @ split_heads(v, self.n_heads)
-    elif impl == "flex":  # experimental, see "An experimental FlexAttention form"
-        attended = self._attend_flex(x, key_padding_mask, split_heads(v, self.n_heads))
-    else:
-        raise ValueError(f'impl must be "fused", "explicit" or "flex" (experimental), got {impl!r}')
+    attended = ATTENTION_IMPLS[impl](self, x, key_padding_mask, split_heads(v, self.n_heads))
     convolved = split_heads(self.causal_value_conv(v), self.n_heads)
     return self.out_proj(merge_heads(hybrid_mix(attended, convolved, self.gates.to(attended.dtype))))
-
-# %% ../nbs/02_attention.ipynb #59a6275b
-_COMPILED_FLEX: dict = {}
-
-
-def _flex_attention(device: torch.device):
-    "FlexAttention (torch >= 2.5), compiled on CUDA (its eager form materialises the scores); RuntimeError without it."
-    try:
-        from torch.nn.attention.flex_attention import flex_attention
-    except ImportError:
-        raise RuntimeError(f"impl='flex' needs torch.nn.attention.flex_attention (torch >= 2.5), not torch {torch.__version__}") from None
-    if device.type != "cuda":
-        return flex_attention
-    return _COMPILED_FLEX.setdefault("cuda", torch.compile(flex_attention, dynamic=False))
-
-
-def _coarse_score_mod(lambdas, coarse, T, stride, keep, causal):
-    "The `score_mod` adding sum_{l >= 1} lambda_l S_l[b, h, pi_l(q), pi_l(kv)] to the fine score, then the masks."
-    maps = [upsample_index(T, level, stride, causal, device=lambdas.device) for level in range(1, len(coarse) + 1)]
-
-    def score_mod(score, b, h, q_idx, kv_idx):
-        for level, (table, (index, valid)) in enumerate(zip(coarse, maps), start=1):
-            term = lambdas[h, level] * table[b, h, index[q_idx], index[kv_idx]]
-            score = score + torch.where(valid[q_idx] & valid[kv_idx], term, torch.zeros_like(term)).to(score.dtype)
-        if keep is not None:
-            score = torch.where(keep[b, kv_idx], score, -float("inf"))
-        if causal:
-            score = torch.where(kv_idx <= q_idx, score, -float("inf"))
-        return score
-    return score_mod
-
-
-@add_to_class(HierarchicalAttention)
-def _attend_flex(self, x, key_padding_mask, v):
-    "Experimental: the fine level through FlexAttention, each coarse level added at its own resolution by `score_mod`."
-    if self.training and self.dropout > 0:
-        raise ValueError("impl='flex' has no attention dropout: train with impl='fused' or set dropout=0")
-    flex = _flex_attention(x.device)
-    T = x.shape[1]
-    qs, ks = self.level_queries_keys(x, key_padding_mask)
-    lambdas = self.lambdas.float()
-    coarse = [level_scores(q, k) for q, k in zip(qs[1:], ks[1:])]  # (B, H, T_l, T_l), float32, Eq. (1)
-    keep = None if key_padding_mask is None else ~key_padding_mask | key_padding_mask.all(-1, keepdim=True)
-    score_mod = _coarse_score_mod(lambdas, coarse, T, self.stride, keep, self.causal)
-    q0 = qs[0] * lambdas[:, 0].to(qs[0].dtype)[None, :, None, None]  # lambda_0 S^(0) as the kernel's own score
-    return flex(q0, ks[0], v, score_mod=score_mod, scale=1 / math.sqrt(self.head_dim))
-
 
 # %% ../nbs/02_attention.ipynb #59fee6bd
 def _split_coarse_projections(layer: HierarchicalAttention) -> None:
