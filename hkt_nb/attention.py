@@ -20,8 +20,7 @@ from .downsampling import Pyramid
 # %% auto #0
 __all__ = ['ATTENTION_IMPLS', 'check_attention_inputs', 'split_heads', 'merge_heads', 'attention_mask', 'level_scores',
            'upsample_index', 'upsample_tokens', 'upsample_scores', 'fuse_scores', 'masked_attention', 'hybrid_mix',
-           'fused_queries_keys', 'add_to_class', 'HKTScores', 'HierarchicalAttention', 'lambdas', 'gates', 'levels',
-           'level_queries_keys', 'causal_value_conv', 'scores', 'forward', 'from_mha', 'MultiHeadAttention']
+           'fused_queries_keys', 'add_to_class', 'HKTScores', 'HierarchicalAttention', 'MultiHeadAttention']
 
 # %% ../nbs/02_attention.ipynb #f49d9afc
 def check_attention_inputs(
@@ -201,9 +200,11 @@ def fused_queries_keys(
 def add_to_class(
     cls: type,  # the class to extend
 ):  # a decorator that sets its argument as an attribute of `cls` and returns it
-    "Decorator: attach a function, property or classmethod to `cls` under its own name (to grow a class across cells)."
+    """Decorator: attach a function, property or classmethod to `cls` under its own name (to grow a class across
+    cells). The function's `__qualname__` becomes `<cls>.<name>`, so documentation and tracebacks name the class."""
     def attach(obj):
         inner = getattr(obj, "fget", None) or getattr(obj, "__func__", obj)
+        inner.__qualname__ = f"{cls.__qualname__}.{inner.__name__}"
         setattr(cls, inner.__name__, obj)
         return obj
     return attach

@@ -18,8 +18,7 @@ from .attention import HierarchicalAttention, MultiHeadAttention, add_to_class
 # %% auto #0
 __all__ = ['ATTENTION_VARIANTS', 'FLAT_HKT_FIELDS', 'AttentionVariant', 'register_attention', 'get_attention_variant',
            'HKTParams', 'MHAParams', 'ClassifierConfig', 'make_attention', 'EncoderBlock', 'masked_mean',
-           'HKTClassifier', 'forward', 'attention_layers', 'from_checkpoint', 'count_parameters', 'match_parameters',
-           'matched_mha_config', 'check_input_ids']
+           'HKTClassifier', 'count_parameters', 'match_parameters', 'matched_mha_config', 'check_input_ids']
 
 # %% ../nbs/03_model.ipynb #77b5d63b
 @dataclass(frozen=True)
