@@ -18,44 +18,9 @@ from ._checks import check_bool, check_choice, check_heads, check_int, check_pro
 from .downsampling import Pyramid
 
 # %% auto #0
-__all__ = ['ATTENTION_IMPLS', 'check_attention_inputs', 'split_heads', 'merge_heads', 'attention_mask', 'level_scores',
-           'upsample_index', 'upsample_tokens', 'upsample_scores', 'fuse_scores', 'masked_attention', 'hybrid_mix',
-           'fused_queries_keys', 'add_to_class', 'HKTScores', 'HierarchicalAttention', 'MultiHeadAttention']
-
-# %% ../nbs/02_attention.ipynb #f49d9afc
-def check_attention_inputs(
-    x: torch.Tensor,  # (B, T, d_model) floating input
-    key_padding_mask: torch.Tensor | None,  # None or (B, T) bool, True = padding, right padding only
-    d_model: int,  # the layer's width D
-    param_dtype: torch.dtype | None = None,  # the parameters' dtype; `x` must match it unless autocast is on
-) -> None:
-    """Validate the inputs of an attention layer. The one check on tensor *values* (right padding) runs in eager
-    mode only: under `torch.compile` it is skipped, so the layer compiles to one graph without host syncs.
-
-    Raises `TypeError` (dtypes) or `ValueError` (shapes, T = 0, padding that is not right padding)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != 3 or x.shape[-1] != d_model:
-        raise ValueError(f"x must have shape (B, T, d_model={d_model}), got {tuple(x.shape)}")
-    if x.shape[1] == 0:
-        raise ValueError("x has length T = 0: nothing to attend to")
-    if not x.is_floating_point():
-        raise TypeError(f"x must be a floating tensor, got {x.dtype}")
-    if param_dtype is not None and x.dtype != param_dtype and not torch.is_autocast_enabled(x.device.type):
-        raise TypeError(f"x has dtype {x.dtype} but the layer's parameters are {param_dtype}: "
-                        f"call layer.to({x.dtype}) or run under torch.autocast")
-    if key_padding_mask is None:
-        return
-    if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
-        got = key_padding_mask.dtype if isinstance(key_padding_mask, torch.Tensor) else type(key_padding_mask).__name__
-        raise TypeError(f"key_padding_mask must be a bool tensor (True = padding), got {got}")
-    if key_padding_mask.shape != x.shape[:2]:
-        raise ValueError(f"key_padding_mask must have shape (B, T) = {tuple(x.shape[:2])}, got {tuple(key_padding_mask.shape)}")
-    if torch.compiler.is_compiling():  # a value check branches on data: a graph break and a host sync
-        return
-    if (key_padding_mask[:, :-1] & ~key_padding_mask[:, 1:]).any():
-        raise ValueError("key_padding_mask must be right padding (True only after the last real token): "
-                         "coarse levels summarise contiguous blocks")
+__all__ = ['ATTENTION_IMPLS', 'split_heads', 'merge_heads', 'attention_mask', 'level_scores', 'upsample_index', 'upsample_tokens',
+           'upsample_scores', 'fuse_scores', 'masked_attention', 'hybrid_mix', 'fused_queries_keys', 'add_to_class',
+           'HKTScores', 'HierarchicalAttention', 'MultiHeadAttention', 'check_attention_inputs']
 
 # %% ../nbs/02_attention.ipynb #784cee0f
 def split_heads(
@@ -225,6 +190,7 @@ class HKTScores:
     gates: torch.Tensor  # (H,) hybrid gates
 
 
+# %% ../nbs/02_attention.ipynb #f8ae9768
 class HierarchicalAttention(nn.Module):
     """Hierarchical Kernel Transformer attention (HKT paper Sec. 3; our reconstruction, chapter *Hierarchical attention*).
 
@@ -403,6 +369,7 @@ def _copy_mha_projections(layer: HierarchicalAttention, mha: nn.MultiheadAttenti
         layer.out_proj.bias.copy_(mha.out_proj.bias)
 
 
+# %% ../nbs/02_attention.ipynb #af553d45
 @add_to_class(HierarchicalAttention)
 @classmethod
 def from_mha(cls,
@@ -490,3 +457,38 @@ class MultiHeadAttention(nn.Module):
         else:
             raise ValueError(f'impl must be "fused" or "explicit", got {impl!r}')
         return self.out_proj(merge_heads(out))
+
+# %% ../nbs/02_attention.ipynb #f49d9afc
+def check_attention_inputs(
+    x: torch.Tensor,  # (B, T, d_model) floating input
+    key_padding_mask: torch.Tensor | None,  # None or (B, T) bool, True = padding, right padding only
+    d_model: int,  # the layer's width D
+    param_dtype: torch.dtype | None = None,  # the parameters' dtype; `x` must match it unless autocast is on
+) -> None:
+    """Validate the inputs of an attention layer. The one check on tensor *values* (right padding) runs in eager
+    mode only: under `torch.compile` it is skipped, so the layer compiles to one graph without host syncs.
+
+    Raises `TypeError` (dtypes) or `ValueError` (shapes, T = 0, padding that is not right padding)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 3 or x.shape[-1] != d_model:
+        raise ValueError(f"x must have shape (B, T, d_model={d_model}), got {tuple(x.shape)}")
+    if x.shape[1] == 0:
+        raise ValueError("x has length T = 0: nothing to attend to")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating tensor, got {x.dtype}")
+    if param_dtype is not None and x.dtype != param_dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(f"x has dtype {x.dtype} but the layer's parameters are {param_dtype}: "
+                        f"call layer.to({x.dtype}) or run under torch.autocast")
+    if key_padding_mask is None:
+        return
+    if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
+        got = key_padding_mask.dtype if isinstance(key_padding_mask, torch.Tensor) else type(key_padding_mask).__name__
+        raise TypeError(f"key_padding_mask must be a bool tensor (True = padding), got {got}")
+    if key_padding_mask.shape != x.shape[:2]:
+        raise ValueError(f"key_padding_mask must have shape (B, T) = {tuple(x.shape[:2])}, got {tuple(key_padding_mask.shape)}")
+    if torch.compiler.is_compiling():  # a value check branches on data: a graph break and a host sync
+        return
+    if (key_padding_mask[:, :-1] & ~key_padding_mask[:, 1:]).any():
+        raise ValueError("key_padding_mask must be right padding (True only after the last real token): "
+                         "coarse levels summarise contiguous blocks")
