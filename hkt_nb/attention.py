@@ -388,14 +388,14 @@ def from_mha(cls,
     Raises `TypeError` (not an `nn.MultiheadAttention`; `dropout`, `bias` or an unknown keyword passed) or
     `ValueError` (MHA features with no HKT counterpart, batch_first=False, or a bad argument)."""
     if unsupported:
-        raise TypeError(f"from_mha got {sorted(unsupported)}: dropout and bias are taken from `mha` "
-                        f"(mha.dropout, mha.in_proj_bias); change layer.dropout after conversion if needed")
+        raise TypeError(f"{', '.join(sorted(unsupported))}: not arguments of from_mha; dropout and bias are taken "
+                        f"from `mha` (mha.dropout, mha.in_proj_bias): change layer.dropout after conversion if needed")
     if not isinstance(mha, nn.MultiheadAttention):
-        raise TypeError(f"expected torch.nn.MultiheadAttention, got {type(mha).__name__}")
+        raise TypeError(f"mha must be a torch.nn.MultiheadAttention, got {type(mha).__name__}")
     if mha.bias_k is not None or mha.add_zero_attn or not mha._qkv_same_embed_dim:
-        raise ValueError("from_mha supports self-attention MHA without bias_k/bias_v, add_zero_attn or kdim/vdim")
+        raise ValueError("mha must be self-attention without bias_k/bias_v, add_zero_attn or kdim/vdim (from_mha has no counterpart)")
     if not mha.batch_first:
-        raise ValueError("from_mha expects nn.MultiheadAttention(batch_first=True), the layout HKT uses")
+        raise ValueError("mha must be built with batch_first=True, the layout HKT uses")
     ref = mha.in_proj_weight
     layer = cls(mha.embed_dim, mha.num_heads, n_levels, stride, causal=causal, dropout=mha.dropout,
                 kernel_size=kernel_size, conv_kernel_size=conv_kernel_size,

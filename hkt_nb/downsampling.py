@@ -52,7 +52,7 @@ class CausalDownsample(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[1] % self.stride:
-            raise ValueError(f"length {x.shape[1]} is not a multiple of the stride {self.stride}; use Pyramid, which pads")
+            raise ValueError(f"x has length {x.shape[1]}, not a multiple of the stride {self.stride}; use Pyramid, which pads")
         h = F.pad(x.transpose(1, 2), (self.kernel_size - self.stride, 0))  # causal: pad on the left only
         return self.pointwise(self.depthwise(h).transpose(1, 2))
 

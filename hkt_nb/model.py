@@ -268,7 +268,7 @@ def match_parameters(cfg: ClassifierConfig, target: int) -> ClassifierConfig:
     per_unit = cfg.n_layers * (2 * cfg.d_model + 1)  # parameters added by one more MLP unit in every block
     d_ff = cfg.d_ff + round((target - count_parameters(cfg)) / per_unit)
     if d_ff < 1:
-        raise ValueError(f"cannot reach {target:,} parameters by changing d_ff: the model without MLPs is larger")
+        raise ValueError(f"target={target:,} parameters cannot be reached by changing d_ff: the model without MLPs is larger")
     return replace(cfg, d_ff=d_ff)
 
 

@@ -6,6 +6,8 @@
 - `settings`: the `[DEFAULT]` section of settings.ini (version, repository address, extras).
 - `build_book`: scripts/build_book.py, imported as the module `build_book`.
 - `padded_batch`, `randomise`: factories of a right-padded float64 batch and of random layer parameters.
+- `graph_breaks`: `graph_breaks(module, *args)` -> (count, reasons) of `torch._dynamo.explain`.
+- `randomised_mha`: factory of a float64 `nn.MultiheadAttention` (batch_first) with every parameter random.
 - `one_thread`: one torch thread for the test (deterministic, not slowed by other jobs on a 2-core machine).
 - `attention_registry`: `hkt_nb.model.ATTENTION_VARIANTS`, restored after the test (for tests that register a variant).
 - `committed_records`: the results records committed under results/ (`(path, record)` pairs with a model config).
@@ -140,3 +142,23 @@ def committed_records() -> list:
     import json
     records = [(p, json.loads(p.read_text())) for p in sorted((REPO_ROOT / "results").glob("*.json"))]
     return [(p, r) for p, r in records if "model" in r.get("config", {})]
+
+
+@pytest.fixture
+def randomised_mha():
+    "Factory: `randomised_mha(bias=True, dropout=0.0, D=16, H=4)`, a float64 MHA with every parameter N(0, 0.3^2)."
+    def make(bias=True, dropout=0.0, D=16, H=4):  # biases too, so no term of the twin is accidentally zero
+        return _randomise(torch.nn.MultiheadAttention(D, H, bias=bias, dropout=dropout, batch_first=True).double())
+    return make
+
+
+@pytest.fixture
+def graph_breaks():
+    "`graph_breaks(module, *args)`: the number of graph breaks `torch.compile` makes on that call, and their reasons."
+    import torch._dynamo as dynamo
+
+    def count(module, *args):
+        dynamo.reset()
+        explanation = dynamo.explain(module)(*args)
+        return explanation.graph_break_count, [str(b.reason)[:120] for b in explanation.break_reasons]
+    return count

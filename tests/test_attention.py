@@ -42,33 +42,108 @@ def test_fused_scores_are_the_sum_of_upsampled_levels(padded_batch, randomise):
     assert sc.lambdas.shape == (4, 3) and sc.gates.shape == (4,)
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_from_mha_equals_mha(bias, padded_batch, randomise):
-    mha = randomise(nn.MultiheadAttention(16, 4, bias=bias, batch_first=True).double())
-    layer = HierarchicalAttention.from_mha(mha, n_levels=3, stride=2)
+def test_from_mha_rejects_unsupported():
+    with pytest.raises(ValueError, match="^mha.*batch_first"):
+        HierarchicalAttention.from_mha(nn.MultiheadAttention(16, 4))
+    with pytest.raises(ValueError, match="^mha"):
+        HierarchicalAttention.from_mha(nn.MultiheadAttention(16, 4, add_bias_kv=True, batch_first=True))
+    with pytest.raises(TypeError, match="^mha"):
+        HierarchicalAttention.from_mha(nn.Linear(16, 16))
+
+
+# (class, valid keyword arguments, argument, bad value, exception)
+LAYER = {"d_model": 16, "n_heads": 2}
+BAD_ARGUMENTS = [(cls, LAYER, name, value, error) for cls in (HierarchicalAttention, MultiHeadAttention)
+                 for name, value, error in [("d_model", 0, ValueError), ("n_heads", 0, ValueError), ("n_heads", 3, ValueError),
+                                            ("n_heads", 32, ValueError), ("causal", 1, TypeError), ("dropout", 1.0, ValueError),
+                                            ("dropout", -0.5, ValueError), ("dropout", "0.1", TypeError), ("bias", None, TypeError)]]
+BAD_ARGUMENTS += [(HierarchicalAttention, LAYER, name, value, error) for name, value, error in [
+    ("n_levels", 0, ValueError), ("stride", 1, ValueError), ("kernel_size", 1, ValueError),
+    ("conv_kernel_size", 0, ValueError)]]
+
+
+@pytest.mark.parametrize("cls,good,name,value,error", BAD_ARGUMENTS,
+                         ids=[f"{b[0].__name__}-{b[2]}={b[3]!r}" for b in BAD_ARGUMENTS])
+def test_constructor_rejects_bad_argument(cls, good, name, value, error):
+    cls(**good)  # the valid arguments are accepted
+    with pytest.raises(error, match=f"^{name}"):
+        cls(**{**good, name: value})
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_from_mha_copies_mode(training, padded_batch, randomised_mha):
+    mha = randomised_mha(dropout=0.1).train(training)
+    layer = HierarchicalAttention.from_mha(mha)
+    assert layer.training == training and layer.dropout == 0.1
+    if not training:  # the quoted failure: eval MHA with dropout 0.1 converted to a training layer
+        x, kpm = padded_batch()
+        ref, _ = mha(x, x, x, key_padding_mask=kpm, need_weights=False)
+        torch.testing.assert_close(layer(x, kpm), ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("n_levels,stride,bias", [(3, 2, True), (2, 3, False), (4, 2, True), (1, 2, True)])
+def test_from_mha_is_a_trainable_twin(n_levels, stride, bias, padded_batch, randomised_mha):
+    "Prop. 3.4: the twin equals MHA (padded query rows included), and every parameter trains from the second step."
+    mha = randomised_mha(bias=bias)
+    layer = HierarchicalAttention.from_mha(mha, n_levels=n_levels, stride=stride)
     x, kpm = padded_batch()
     for mask in (None, kpm):
-        ref, _ = mha(x, x, x, key_padding_mask=mask, need_weights=False)  # padded query rows included
+        ref, _ = mha(x, x, x, key_padding_mask=mask, need_weights=False)
         for impl in ("fused", "explicit"):
             torch.testing.assert_close(layer(x, mask, impl=impl), ref, rtol=0, atol=1e-12)
+    assert torch.all(layer.gates < 1)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    for step in (1, 2):
+        optimizer.zero_grad()
+        layer(x, kpm).pow(2).sum().backward()
+        dead = [n for n, p in layer.named_parameters() if p.grad is None or not p.grad.any()]
+        if n_levels == 1:  # lambda = softmax of one logit is constant: no gradient, by construction
+            dead.remove("level_logits")
+        if step == 1:  # the pyramid cannot get a first-step gradient (proved in the chapter); all else does
+            assert all(n.startswith("pyramid.") for n in dead), dead
+        else:
+            assert dead == []
+        optimizer.step()
 
 
-def test_from_mha_after_training_step_levels_still_matter(padded_batch, randomise):
-    "from_mha is exact, and the layer it returns is a full HKT layer: coarse levels become active when trained."
-    mha = randomise(nn.MultiheadAttention(16, 4, batch_first=True).double())
-    layer = HierarchicalAttention.from_mha(mha)
+def test_from_mha_float32_equals_to_rounding():
+    mha = nn.MultiheadAttention(32, 4, batch_first=True)
+    layer = HierarchicalAttention.from_mha(mha.eval())
+    x = torch.randn(2, 50, 32)
+    ref, _ = mha(x, x, x, need_weights=False)
+    torch.testing.assert_close(layer(x), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_from_mha_causal(padded_batch, randomised_mha):
+    mha = randomised_mha()
+    layer = HierarchicalAttention.from_mha(mha, causal=True, kernel_size=3)
+    assert layer.causal
     x, _ = padded_batch()
-    layer(x).pow(2).sum().backward()
-    assert layer.q_proj[1].weight.grad.abs().sum() > 0
+    mask = torch.ones(13, 13, dtype=torch.bool).triu(1)
+    ref, _ = mha(x, x, x, attn_mask=mask, need_weights=False)
+    for impl in ("fused", "explicit"):
+        torch.testing.assert_close(layer(x, impl=impl), ref, rtol=0, atol=1e-12)
 
 
-def test_from_mha_rejects_unsupported():
-    with pytest.raises(ValueError, match="batch_first"):
-        HierarchicalAttention.from_mha(nn.MultiheadAttention(16, 4))
-    with pytest.raises(ValueError):
-        HierarchicalAttention.from_mha(nn.MultiheadAttention(16, 4, add_bias_kv=True, batch_first=True))
-    with pytest.raises(TypeError):
-        HierarchicalAttention.from_mha(nn.Linear(16, 16))
+@pytest.mark.parametrize("keyword", ["dropout", "bias", "colour"])
+def test_from_mha_refuses_keywords_it_takes_from_mha(keyword, randomised_mha):
+    with pytest.raises(TypeError, match=f"^{keyword}"):
+        HierarchicalAttention.from_mha(randomised_mha(), **{keyword: 0.1})
+
+
+@pytest.mark.parametrize("cls", [HierarchicalAttention, MultiHeadAttention])
+@pytest.mark.parametrize("causal", [False, True])
+def test_explicit_finite_under_fp16_autocast(cls, causal):
+    "Inputs scaled by 300: q k^T overflows float16; every explicit path stays finite where the fused one is."
+    layer = cls(32, 4, causal=causal)
+    x = 300 * torch.randn(2, 40, 32)
+    kpm = torch.arange(40)[None] >= torch.tensor([[40], [25]])
+    with torch.autocast("cpu", dtype=torch.float16):
+        for mask in (None, kpm):
+            assert layer(x, mask).isfinite().all()
+            assert layer(x, mask, impl="explicit").isfinite().all()
+            scores = layer.scores(x, mask)
+            assert (scores.attention if cls is HierarchicalAttention else scores).isfinite().all()
 
 
 def test_gate_zero_is_causal_depthwise_convolution(padded_batch, randomise):
@@ -93,14 +168,6 @@ def test_causal_mode_does_not_leak(impl, kernel_size, randomise):
         x2 = x.clone()
         x2[:, i + 1:] += torch.randn_like(x2[:, i + 1:])
         torch.testing.assert_close(layer(x, impl=impl)[:, : i + 1], layer(x2, impl=impl)[:, : i + 1], rtol=0, atol=1e-12)
-
-
-def test_nearest_upsampling_would_leak():
-    "The completed-block map is what prevents the leak: nearest upsampling reads a block that ends after i."
-    idx, valid = upsample_index(8, 1, 2, causal=False)
-    assert idx[2] == 1 and 2 * (idx[2] + 1) - 1 > 2  # position 2 reads a block ending at 3
-    idx, valid = upsample_index(8, 1, 2, causal=True)
-    assert all((2 * (m + 1) - 1) <= i for i, (m, ok) in enumerate(zip(idx.tolist(), valid.tolist())) if ok)
 
 
 def test_real_outputs_ignore_padding_content_and_length(randomise):
@@ -172,26 +239,17 @@ def test_upsample_scores_is_UsUt():
 def test_bad_inputs_raise_clear_errors(cls):
     layer = cls(16, 4)
     x = torch.randn(2, 10, 16)
-    with pytest.raises(ValueError, match="shape"):
-        layer(torch.randn(2, 10, 8))
-    with pytest.raises(ValueError, match="shape"):
-        layer(torch.randn(10, 16))
-    with pytest.raises(TypeError, match="floating"):
-        layer(torch.ones(2, 10, 16, dtype=torch.long))
-    with pytest.raises(TypeError, match="dtype"):
-        layer(x.double())
-    with pytest.raises(TypeError, match="bool"):
-        layer(x, torch.zeros(2, 10))
-    with pytest.raises(ValueError, match=r"\(B, T\)"):
-        layer(x, torch.zeros(2, 9, dtype=torch.bool))
-    with pytest.raises(ValueError, match="right padding"):
-        layer(x, torch.tensor([[True] + [False] * 9] * 2))
-    with pytest.raises(ValueError, match="impl"):
+    for bad, error in [(torch.randn(2, 10, 8), ValueError), (torch.randn(10, 16), ValueError),
+                       (torch.randn(2, 0, 16), ValueError), (torch.ones(2, 10, 16, dtype=torch.long), TypeError),
+                       (x.double(), TypeError), (x.numpy(), TypeError)]:
+        with pytest.raises(error, match="^x"):
+            layer(bad)
+    for bad, error in [(torch.zeros(2, 10), TypeError), (torch.zeros(2, 9, dtype=torch.bool), ValueError),
+                       (torch.tensor([[True] + [False] * 9] * 2), ValueError)]:  # the last: not right padding
+        with pytest.raises(error, match="^key_padding_mask"):
+            layer(x, bad)
+    with pytest.raises(ValueError, match="^impl"):
         layer(x, impl="flash")
-    with pytest.raises(ValueError, match="T = 0"):
-        layer(torch.randn(2, 0, 16))
-    with pytest.raises(ValueError, match="n_heads must divide"):
-        cls(10, 4)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -218,3 +276,11 @@ def test_upsample_index_is_the_block_map_of_eq2(causal):
         for i in range(T):
             expected = (i + 1) // s**level - 1 if causal else i // s**level
             assert bool(valid[i]) == (expected >= 0) and (expected < 0 or int(index[i]) == expected)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("layer", [HierarchicalAttention(16, 2), HierarchicalAttention(16, 2, causal=True),
+                                   MultiHeadAttention(16, 2)], ids=["hkt", "hkt-causal", "mha"])
+def test_attention_layers_compile_in_one_graph(layer, masked, graph_breaks):
+    mask = torch.arange(12)[None] >= torch.tensor([[12], [9]])
+    assert graph_breaks(layer, torch.randn(2, 12, 16), mask if masked else None) == (0, [])

@@ -1,20 +1,14 @@
-"""Tests of the GPU code paths that run without a GPU (issue 12): precision choice by compute capability, one
-graph under torch.compile, execution-only settings, the time budget and the CLI flags."""
+"""Tests of the training code's GPU paths that run without a GPU (issue 12): precision choice by compute capability,
+execution-only settings, the time budget and the CLI flags. (That the layers and the classifier compile to one graph
+is tested with them, in test_attention.py and test_model.py.)"""
 import json
 from pathlib import Path
 
 import pytest
 import torch
-import torch._dynamo as dynamo
 
 import hkt_nb
-
-from hkt_nb import (
-    ClassifierConfig,
-    HierarchicalAttention,
-    HKTClassifier,
-    MultiHeadAttention,
-)
+from hkt_nb import ClassifierConfig, HKTClassifier
 from hkt_nb.lra.config import PRESETS, TrainConfig, result_relevant, run_name, run_variant
 from hkt_nb.lra.loop import _optimisation, amp_dtype, execution_settings, train
 from hkt_nb.lra.runs import _train_overrides, finished_run, parse_args
@@ -60,46 +54,6 @@ def test_loss_scaling_only_for_float16(dtype, scaled):
     model = HKTClassifier(ClassifierConfig(vocab_size=5, n_classes=2, max_len=8, d_model=8, n_heads=2, n_layers=1))
     _, _, scaler = _optimisation(model, TrainConfig(), 10, torch.device("cpu"), dtype)
     assert scaler.is_enabled() == scaled
-
-
-def _mask():
-    mask = torch.zeros(2, 12, dtype=torch.bool)
-    mask[1, 9:] = True
-    return mask
-
-
-def _breaks(module, *args):
-    dynamo.reset()
-    explanation = dynamo.explain(module)(*args)
-    return explanation.graph_break_count, [str(b.reason)[:120] for b in explanation.break_reasons]
-
-
-@pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("layer", [HierarchicalAttention(16, 2), HierarchicalAttention(16, 2, causal=True),
-                                   MultiHeadAttention(16, 2)], ids=["hkt", "hkt-causal", "mha"])
-def test_attention_layers_compile_in_one_graph(layer, masked):
-    assert _breaks(layer, torch.randn(2, 12, 16), _mask() if masked else None) == (0, [])
-
-
-@pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("attention", ["hkt", "mha"])
-def test_classifier_compiles_in_one_graph(attention, masked):
-    model = HKTClassifier(ClassifierConfig(vocab_size=10, n_classes=3, max_len=16, d_model=16, n_heads=2,
-                                           n_layers=2, attention=attention))
-    ids = torch.randint(0, 10, (2, 12))
-    assert _breaks(model, ids, _mask() if masked else None) == (0, [])
-
-
-def test_value_checks_still_run_in_eager_mode():
-    left_padded = torch.zeros(2, 12, dtype=torch.bool)
-    left_padded[1, :3] = True
-    with pytest.raises(ValueError, match="right padding"):
-        HierarchicalAttention(16, 2)(torch.randn(2, 12, 16), left_padded)
-    with pytest.raises(ValueError, match="right padding"):
-        MultiHeadAttention(16, 2)(torch.randn(2, 12, 16), left_padded)
-    model = HKTClassifier(ClassifierConfig(vocab_size=10, n_classes=3, max_len=16, d_model=16, n_heads=2))
-    with pytest.raises(ValueError, match="token ids"):
-        model(torch.full((1, 4), 10))
 
 
 def test_execution_settings_by_device(monkeypatch):

@@ -1,28 +1,23 @@
-"""Tests of hkt_nb.model and hkt_nb.cost."""
+"""Tests of hkt_nb.model: the attention-variant registry, the config's two forms, the classifier, parameter matching and
+the committed checkpoints."""
 import json
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from hkt_nb.cost import score_cost_ratio
 from hkt_nb.model import (
     ClassifierConfig,
     HKTClassifier,
     count_parameters,
     get_attention_variant,
     masked_mean,
+    match_parameters,
     matched_mha_config,
     register_attention,
 )
-
-
-def test_score_cost_ratio_known_values():
-    assert score_cost_ratio(3, 2) == 1.3125
-    assert score_cost_ratio(1) == 1.0
-    assert abs(score_cost_ratio(40) - 4 / 3) < 1e-12
-    assert abs(score_cost_ratio(3, 3) - (1 + 1 / 9 + 1 / 81)) < 1e-15
 
 
 @pytest.mark.parametrize("d_model,n_layers", [(64, 2), (128, 4)])
@@ -51,14 +46,41 @@ def test_masked_mean_known_values_and_fully_padded_row():
 
 def test_classifier_bad_inputs():
     model = HKTClassifier(ClassifierConfig(vocab_size=11, n_classes=3, max_len=16, d_model=16, n_heads=2))
-    with pytest.raises(ValueError, match="max_len"):
-        model(torch.zeros(1, 17, dtype=torch.long))
-    with pytest.raises(ValueError, match="token ids"):
-        model(torch.full((1, 4), 11))
-    with pytest.raises(TypeError):
-        model(torch.zeros(1, 4))
-    with pytest.raises(ValueError, match="attention"):
-        ClassifierConfig(vocab_size=11, n_classes=3, attention="linear")
+    for bad, error in [(torch.zeros(1, 17, dtype=torch.long), ValueError), (torch.full((1, 4), 11), ValueError),
+                       (torch.full((1, 4), -1), ValueError), (torch.zeros(1, 0, dtype=torch.long), ValueError),
+                       (torch.zeros(4, dtype=torch.long), ValueError), (torch.zeros(1, 4), TypeError)]:
+        with pytest.raises(error, match="^input_ids"):
+            model(bad)
+    with pytest.raises(TypeError, match="^cfg"):
+        HKTClassifier({"vocab_size": 20, "n_classes": 3})
+
+
+CONFIG = {"vocab_size": 20, "n_classes": 3}
+BAD_CONFIG = [("vocab_size", 0, ValueError), ("vocab_size", 20.5, TypeError), ("n_classes", 0, ValueError),
+              ("max_len", 0, ValueError), ("d_model", 0, ValueError), ("n_heads", 3, ValueError),
+              ("n_layers", 0, ValueError), ("d_ff", 0, ValueError), ("dropout", 1.0, ValueError),
+              ("attn_dropout", -0.1, ValueError), ("causal", "yes", TypeError), ("attention", "rnn", ValueError),
+              ("attention_params", [("n_levels", 2)], TypeError)]
+BAD_HKT_PARAMS = [("n_levels", 0, ValueError), ("stride", 1, ValueError), ("kernel_size", 1, ValueError),
+                  ("conv_kernel_size", 0, ValueError), ("n_levels", 2.0, TypeError)]
+
+
+@pytest.mark.parametrize("name,value,error", BAD_CONFIG, ids=[f"{n}={v!r}" for n, v, _ in BAD_CONFIG])
+def test_config_rejects_bad_field(name, value, error):
+    with pytest.raises(error, match=f"^{name}"):
+        ClassifierConfig(**{**CONFIG, name: value})
+
+
+@pytest.mark.parametrize("name,value,error", BAD_HKT_PARAMS, ids=[f"{n}={v!r}" for n, v, _ in BAD_HKT_PARAMS])
+def test_config_rejects_bad_hkt_parameter(name, value, error):
+    with pytest.raises(error, match=f"^{name}"):
+        ClassifierConfig(**CONFIG, attention_params={name: value})
+
+
+def test_match_parameters_refuses_an_unreachable_target():
+    cfg = ClassifierConfig(**CONFIG, d_model=16, n_heads=2)
+    with pytest.raises(ValueError, match="^target"):
+        match_parameters(cfg, 10)
 
 
 def test_fully_padded_sequence_gives_finite_logits_and_grads():
@@ -87,29 +109,37 @@ def test_every_committed_record_config_builds_with_its_parameter_count(committed
             assert cfg.attention_params == {}
 
 
-def test_committed_checkpoint_loads_in_eval_mode_with_finite_outputs(repo_root):
-    path = repo_root / "results" / "checkpoints" / "listops-hkt_l1-cpu-seed0.pt"
+CHECKPOINTS = sorted((Path(__file__).resolve().parents[1] / "results" / "checkpoints").glob("*.pt"))
+
+
+@pytest.mark.parametrize("path", CHECKPOINTS, ids=[p.name for p in CHECKPOINTS])
+def test_committed_checkpoint_loads_in_eval_mode_with_finite_outputs(path):
     blob = torch.load(path, map_location="cpu", weights_only=True)
     model = HKTClassifier.from_checkpoint(path)
-    assert not model.training and model.cfg.attention_params["n_levels"] == blob["config"]["n_levels"] == 1
+    assert not model.training and model.cfg == ClassifierConfig.from_dict(blob["config"])
     assert set(model.state_dict()) == set(blob["state_dict"])
     for key, value in blob["state_dict"].items():
         assert torch.equal(model.state_dict()[key], value), key
-    ids = torch.randint(0, model.cfg.vocab_size, (2, 37))
-    logits = model(ids)
-    assert logits.shape == (2, model.cfg.n_classes) and torch.isfinite(logits).all()
+    ids = torch.randint(0, model.cfg.vocab_size, (2, min(64, model.cfg.max_len)))
+    with torch.no_grad():
+        logits = model(ids)
+        assert logits.shape == (2, model.cfg.n_classes) and torch.isfinite(logits).all()
+        torch.testing.assert_close(model(ids, impl="explicit"), logits, rtol=1e-4, atol=1e-5)
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no-such.pt"):
+        HKTClassifier.from_checkpoint(tmp_path / "no-such.pt")
 
 
 def test_unknown_attention_param_and_variant_are_refused():
-    with pytest.raises(ValueError, match="kernel"):
+    with pytest.raises(ValueError, match="^attention_params.*kernel"):
         ClassifierConfig(vocab_size=5, n_classes=2, attention_params={"kernel": 3})
-    with pytest.raises(ValueError, match="^n_levels"):
-        ClassifierConfig(vocab_size=5, n_classes=2, attention_params={"n_levels": 0})
-    with pytest.raises(ValueError, match="^attention"):
-        ClassifierConfig(vocab_size=5, n_classes=2, attention="rnn")
+    with pytest.raises(ValueError, match="^attention_params.*n_levels"):  # "mha" has no parameters of its own
+        ClassifierConfig(vocab_size=5, n_classes=2, attention="mha", attention_params={"n_levels": 3})
     with pytest.raises(KeyError, match="hkt"):
         get_attention_variant("rnn")
-    with pytest.raises(ValueError, match="bogus"):
+    with pytest.raises(ValueError, match="^d .*bogus"):
         ClassifierConfig.from_dict({"vocab_size": 5, "n_classes": 2, "bogus": 1})
 
 
@@ -154,3 +184,12 @@ def test_a_variant_registered_in_the_test_trains(attention_registry):
         losses.append(loss.item())
     assert losses[-1] < 0.8 * losses[0]
     assert count_parameters(matched_mha_config(cfg)) - count_parameters(cfg) <= cfg.n_layers * (2 * 16 + 1) / 2
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("attention", ["hkt", "mha"])
+def test_classifier_compiles_in_one_graph(attention, masked, graph_breaks):
+    model = HKTClassifier(ClassifierConfig(vocab_size=10, n_classes=3, max_len=16, d_model=16, n_heads=2,
+                                           n_layers=2, attention=attention))
+    mask = torch.arange(12)[None] >= torch.tensor([[12], [9]])
+    assert graph_breaks(model, torch.randint(0, 10, (2, 12)), mask if masked else None) == (0, [])
