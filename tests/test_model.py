@@ -1,6 +1,7 @@
 """Tests of hkt_nb.model: the attention-variant registry, the config's two forms, the classifier, parameter matching and
 the committed checkpoints."""
 import json
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -193,3 +194,14 @@ def test_classifier_compiles_in_one_graph(attention, masked, graph_breaks):
                                            n_layers=2, attention=attention))
     mask = torch.arange(12)[None] >= torch.tensor([[12], [9]])
     assert graph_breaks(model, torch.randint(0, 10, (2, 12)), mask if masked else None) == (0, [])
+
+
+def test_no_string_comparison_against_a_variant_name_outside_the_registry(repo_root):
+    "Variants are looked up in `ATTENTION_VARIANTS`, never compared by name (`== \"hkt\"`, `in (\"hkt\", \"mha\")`)."
+    names = "|".join(sorted(get_attention_variant(n).name for n in ("hkt", "mha")))
+    pattern = re.compile(rf"""(==|!=)\s*["']({names})(_l\d+)?["']|["']({names})["']\s*(==|!=)"""
+                         rf"""|\bin\s*[(\[{{]\s*["']({names})["']|startswith\(\s*["']({names})""")
+    found = [f"{path.relative_to(repo_root)}:{number}: {line.strip()}"
+             for path in sorted((repo_root / "hkt_nb").rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert found == []
