@@ -12,6 +12,7 @@ from torch import nn
 
 from .attention import HierarchicalAttention, MultiHeadAttention, add_to_class
 from .downsampling import check_bool, check_dropout, check_heads, check_int
+from .pretrained import PretrainedMixin
 
 # %% auto #0
 __all__ = ['ClassifierConfig', 'make_attention', 'EncoderBlock', 'masked_mean', 'HKTClassifier', 'forward', 'attention_layers',
@@ -94,7 +95,7 @@ def masked_mean(
     return (x * keep).sum(1) / keep.sum(1).clamp(min=1)
 
 # %% ../nbs/03_model.ipynb #e909a0e2
-class HKTClassifier(nn.Module):
+class HKTClassifier(PretrainedMixin, nn.Module):
     """Sequence classifier with HKT (or standard) attention: embedding + positions, `n_layers` pre-norm
     blocks, final LayerNorm, masked mean pooling, linear head.
 
