@@ -136,6 +136,32 @@ def test_save_replaces_an_existing_folder_s_files(saved):
     assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporary file left behind
 
 
+def test_config_from_dict_prefers_the_class_s_from_dict():
+    "A config class with `from_dict` (which translates older forms) is read through it; one without refuses unknown keys."
+    from dataclasses import dataclass
+
+    from hkt_nb.pretrained import config_from_dict
+
+    @dataclass
+    class Plain:
+        width: int = 1
+
+    @dataclass
+    class Versioned:
+        width: int = 1
+
+        @classmethod
+        def from_dict(cls, data):
+            return cls(width=data.get("width", data.get("old_width")))
+
+    assert config_from_dict(Versioned, {"old_width": 5}) == Versioned(5)
+    assert config_from_dict(Plain, {"width": 5}) == Plain(5)
+    with pytest.raises(ValueError, match=r"unknown Plain field\(s\) \['old_width'\]"):
+        config_from_dict(Plain, {"old_width": 5})
+    with pytest.raises(TypeError, match="must be a JSON object"):
+        config_from_dict(Plain, [5])
+
+
 # --- damaged folders ---------------------------------------------------------------------------------------------
 
 def weights(folder) -> dict:
