@@ -1,8 +1,8 @@
 """Packaging for hkt_nb: every piece of metadata is read from settings.ini (nbdev 2 layout), the one place
 where the version, the requirements, the extras and the repository address are written.
 
-- `requirements` -> install_requires (the core layer: torch and numpy only);
-- every other `<name>_requirements` key -> the extra `<name>` (lra, theory, book, dev), plus `all`;
+- `requirements` -> install_requires (the core layer: torch, numpy and safetensors; never a Hub client);
+- every other `<name>_requirements` key -> the extra `<name>` (lra, theory, hub, book, dev), plus `all`;
 - `git_url`, `doc_host` + `doc_baseurl`, `paper_url` -> the project URLs.
 The licence (SPDX expression and LICENSE file) and `requires-python` are static in pyproject.toml.
 The wheel holds only the library `hkt_nb/` (and its `py.typed` marker); MANIFEST.in says what the sdist holds.

@@ -14,6 +14,7 @@ from torch import nn
 
 from ._checks import check_bool, check_choice, check_heads, check_int, check_probability
 from .attention import HierarchicalAttention, MultiHeadAttention, add_to_class
+from .pretrained import PretrainedMixin
 
 # %% auto #0
 __all__ = ['ATTENTION_VARIANTS', 'FLAT_HKT_FIELDS', 'AttentionVariant', 'register_attention', 'get_attention_variant',
@@ -198,7 +199,7 @@ def masked_mean(
     return (x * keep).sum(1) / keep.sum(1).clamp(min=1)
 
 # %% ../nbs/03_model.ipynb #e909a0e2
-class HKTClassifier(nn.Module):
+class HKTClassifier(PretrainedMixin, nn.Module):
     """Sequence classifier with HKT (or standard) attention: embedding + positions, `n_layers` pre-norm
     blocks, final LayerNorm, masked mean pooling, linear head.
 

@@ -1,6 +1,7 @@
 """Packaging (issues 8 and 13): the wheel is built FROM the sdist, as pip and the release workflow do, and
 both are checked: the sdist holds what a build needs and no data or results; the wheel holds only the library;
-the metadata says what settings.ini says (core requirements torch and numpy, the extras, SPDX licence, URLs)."""
+the metadata says what settings.ini says (core requirements torch, numpy and safetensors, the extras, SPDX licence,
+URLs)."""
 import re
 import subprocess
 import sys
@@ -61,10 +62,12 @@ def test_wheel_metadata_comes_from_settings(dists, settings):
     assert not [c for c in meta.get_all("Classifier") if c.startswith("License ::")]  # SPDX, not a classifier
     assert meta["Requires-Python"] == f">={cfg['min_python']}"
     core = sorted(r for r in meta.get_all("Requires-Dist") if "extra ==" not in r)
-    assert [re.split(r"[<>=;\s]", r)[0] for r in core] == ["numpy", "torch"], core
-    assert {"lra", "theory", "book", "dev", "all"} <= set(meta.get_all("Provides-Extra"))
+    assert [re.split(r"[<>=;\s]", r)[0] for r in core] == ["numpy", "safetensors", "torch"], core  # no Hub client
+    assert {"lra", "theory", "hub", "book", "dev", "all"} <= set(meta.get_all("Provides-Extra"))
     lra = {r.split(";")[0].strip() for r in meta.get_all("Requires-Dist") if 'extra == "lra"' in r}
     assert lra == set(cfg["lra_requirements"].split())
+    for extra in ("hub", "all"):  # the Hub client comes only with an extra
+        assert "huggingface_hub" in {r.split(";")[0].strip() for r in meta.get_all("Requires-Dist") if f'extra == "{extra}"' in r}
     urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL"))
     assert urls["Source"] == cfg["git_url"] and urls["Issues"] == cfg["git_url"] + "/issues"
     assert urls["Documentation"] == cfg["doc_host"] + cfg["doc_baseurl"] + "/"
