@@ -83,8 +83,9 @@ def image_decode(ids, rgb: bool = False, size: int = 32) -> np.ndarray:
     return pix.reshape(*ids.shape[:-1], size, size, 3) if rgb else pix.reshape(*ids.shape[:-1], size, size)
 
 # %% ../../nbs/04b_tokenize.ipynb #8714dfb1
-def tokenise_listops(batch: dict) -> dict:
-    "A batch of LRA's ListOps rows (columns `Source`, `Target`) as token ids (`listops_encode`) and labels 0-9."
+def tokenise_listops(batch: dict, setting: str = "paper") -> dict:
+    """A batch of LRA's ListOps rows (columns `Source`, `Target`) as token ids (`listops_encode`) and labels 0-9; the
+    generator's `setting` (an option of the task, passed to its tokeniser like every option) does not change them."""
     return {"input_ids": [listops_encode(source) for source in batch["Source"]], "label": batch["Target"]}
 
 
