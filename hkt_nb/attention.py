@@ -5,6 +5,7 @@
 # %% ../nbs/02_attention.ipynb #14610717
 from __future__ import annotations
 
+import importlib
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -13,48 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .downsampling import Pyramid, check_bool, check_dropout, check_heads, check_int
+from ._checks import check_bool, check_choice, check_heads, check_int, check_probability
+from .downsampling import Pyramid
 
 # %% auto #0
-__all__ = ['check_attention_inputs', 'split_heads', 'merge_heads', 'attention_mask', 'level_scores', 'upsample_index',
-           'upsample_tokens', 'upsample_scores', 'fuse_scores', 'masked_attention', 'hybrid_mix', 'fused_queries_keys',
-           'add_to_class', 'HKTScores', 'HierarchicalAttention', 'lambdas', 'gates', 'level_queries_keys',
-           'causal_value_conv', 'scores', 'forward', 'from_mha', 'MultiHeadAttention']
-
-# %% ../nbs/02_attention.ipynb #f49d9afc
-def check_attention_inputs(
-    x: torch.Tensor,  # (B, T, d_model) floating input
-    key_padding_mask: torch.Tensor | None,  # None or (B, T) bool, True = padding, right padding only
-    d_model: int,  # the layer's width D
-    param_dtype: torch.dtype | None = None,  # the parameters' dtype; `x` must match it unless autocast is on
-) -> None:
-    """Validate the inputs of an attention layer. The one check on tensor *values* (right padding) runs in eager
-    mode only: under `torch.compile` it is skipped, so the layer compiles to one graph without host syncs.
-
-    Raises `TypeError` (dtypes) or `ValueError` (shapes, T = 0, padding that is not right padding)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != 3 or x.shape[-1] != d_model:
-        raise ValueError(f"x must have shape (B, T, d_model={d_model}), got {tuple(x.shape)}")
-    if x.shape[1] == 0:
-        raise ValueError("x has length T = 0: nothing to attend to")
-    if not x.is_floating_point():
-        raise TypeError(f"x must be a floating tensor, got {x.dtype}")
-    if param_dtype is not None and x.dtype != param_dtype and not torch.is_autocast_enabled(x.device.type):
-        raise TypeError(f"x has dtype {x.dtype} but the layer's parameters are {param_dtype}: "
-                        f"call layer.to({x.dtype}) or run under torch.autocast")
-    if key_padding_mask is None:
-        return
-    if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
-        got = key_padding_mask.dtype if isinstance(key_padding_mask, torch.Tensor) else type(key_padding_mask).__name__
-        raise TypeError(f"key_padding_mask must be a bool tensor (True = padding), got {got}")
-    if key_padding_mask.shape != x.shape[:2]:
-        raise ValueError(f"key_padding_mask must have shape (B, T) = {tuple(x.shape[:2])}, got {tuple(key_padding_mask.shape)}")
-    if torch.compiler.is_compiling():  # a value check branches on data: a graph break and a host sync
-        return
-    if (key_padding_mask[:, :-1] & ~key_padding_mask[:, 1:]).any():
-        raise ValueError("key_padding_mask must be right padding (True only after the last real token): "
-                         "coarse levels summarise contiguous blocks")
+__all__ = ['ATTENTION_IMPLS', 'split_heads', 'merge_heads', 'attention_mask', 'level_scores', 'upsample_index', 'upsample_tokens',
+           'upsample_scores', 'fuse_scores', 'masked_attention', 'hybrid_mix', 'fused_queries_keys', 'add_to_class',
+           'HKTScores', 'HierarchicalAttention', 'MultiHeadAttention', 'check_attention_inputs']
 
 # %% ../nbs/02_attention.ipynb #784cee0f
 def split_heads(
@@ -199,9 +165,11 @@ def fused_queries_keys(
 def add_to_class(
     cls: type,  # the class to extend
 ):  # a decorator that sets its argument as an attribute of `cls` and returns it
-    "Decorator: attach a function, property or classmethod to `cls` under its own name (to grow a class across cells)."
+    """Decorator: attach a function, property or classmethod to `cls` under its own name (to grow a class across
+    cells). The function's `__qualname__` becomes `<cls>.<name>`, so documentation and tracebacks name the class."""
     def attach(obj):
         inner = getattr(obj, "fget", None) or getattr(obj, "__func__", obj)
+        inner.__qualname__ = f"{cls.__qualname__}.{inner.__name__}"
         setattr(cls, inner.__name__, obj)
         return obj
     return attach
@@ -222,6 +190,7 @@ class HKTScores:
     gates: torch.Tensor  # (H,) hybrid gates
 
 
+# %% ../nbs/02_attention.ipynb #f8ae9768
 class HierarchicalAttention(nn.Module):
     """Hierarchical Kernel Transformer attention (HKT paper Sec. 3; our reconstruction, chapter *Hierarchical attention*).
 
@@ -242,7 +211,7 @@ class HierarchicalAttention(nn.Module):
                  bias: bool = True):  # biases of the projections and convolutions
         super().__init__()
         check_heads(d_model, n_heads), check_int("n_levels", n_levels, 1), check_int("stride", stride, 2)
-        check_bool("causal", causal), check_dropout("dropout", dropout), check_bool("bias", bias)
+        check_bool("causal", causal), check_probability("dropout", dropout), check_bool("bias", bias)
         check_int("conv_kernel_size", conv_kernel_size, 1)
         if kernel_size is not None:
             check_int("kernel_size", kernel_size, stride)
@@ -280,10 +249,25 @@ def gates(self) -> torch.Tensor:
 
 # %% ../nbs/02_attention.ipynb #2389b6e0
 @add_to_class(HierarchicalAttention)
+def levels(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None):
+    """The level tokens $X^{(0)}, \dots, X^{(L-1)}$ the projections read, for x (B, T, D) and an optional
+    key_padding_mask (B, T) (True = padding): `(levels, masks)`, L tensors (B, T_l, D) and L bool tensors
+    (B, T_l), $T_l = \lceil T/s^l \rceil$. Level 0 is `x` as given; the coarser levels are the pyramid's
+    (chapter *Causal downsampling*). Raises like `forward` for bad inputs."""
+    check_attention_inputs(x, key_padding_mask, self.d_model, self.out_proj.weight.dtype)
+    return self._level_tokens(x, key_padding_mask)
+
+
+@add_to_class(HierarchicalAttention)
+def _level_tokens(self, x, key_padding_mask):
+    levels, masks = self.pyramid(x, key_padding_mask)
+    return [x, *levels[1:]], masks  # the fine level reads x as given (see the text)
+
+
+@add_to_class(HierarchicalAttention)
 def level_queries_keys(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None):
     "Per-level $Q^{(l)}, K^{(l)}$ of x (B, T, D) as two lists of L tensors (B, H, T_l, d) (Eq. 1)."
-    levels, _ = self.pyramid(x, key_padding_mask)
-    levels[0] = x  # the fine level reads x as given (see the text)
+    levels, _ = self._level_tokens(x, key_padding_mask)
     qs = [split_heads(proj(h), self.n_heads) for proj, h in zip(self.q_proj, levels)]
     ks = [split_heads(proj(h), self.n_heads) for proj, h in zip(self.k_proj, levels)]
     return qs, ks
@@ -314,81 +298,47 @@ def scores(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) 
     return HKTScores(levels, upsampled, fused, probs, lambdas, self.gates)
 
 
-@add_to_class(HierarchicalAttention)
-def _attend_fused(self, x, key_padding_mask, v):
-    T, d, L = x.shape[1], self.head_dim, self.n_levels
-    qs, ks = self.level_queries_keys(x, key_padding_mask)
-    lambdas = self.lambdas.to(qs[0].dtype)
-    q, k = fused_queries_keys(qs, ks, lambdas, T, self.stride, self.causal)
-    allowed = attention_mask(key_padding_mask, T, self.causal and key_padding_mask is not None, x.device)
+# %% ../nbs/02_attention.ipynb #a37b2bf1
+def _attend_fused(layer, x, key_padding_mask, v):
+    "The fused form: one `scaled_dot_product_attention` call on the concatenated $\\tilde Q, \\tilde K$; (B, H, T, d)."
+    T, d, L = x.shape[1], layer.head_dim, layer.n_levels
+    qs, ks = layer.level_queries_keys(x, key_padding_mask)
+    lambdas = layer.lambdas.to(qs[0].dtype)
+    q, k = fused_queries_keys(qs, ks, lambdas, T, layer.stride, layer.causal)
+    allowed = attention_mask(key_padding_mask, T, layer.causal and key_padding_mask is not None, x.device)
     out = F.scaled_dot_product_attention(
-        q, k, F.pad(v, (0, (L - 1) * d)), attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0,
-        is_causal=self.causal and key_padding_mask is None, scale=1 / math.sqrt(d))
+        q, k, F.pad(v, (0, (L - 1) * d)), attn_mask=allowed, dropout_p=layer.dropout if layer.training else 0.0,
+        is_causal=layer.causal and key_padding_mask is None, scale=1 / math.sqrt(d))
     return out[..., :d]
 
 
+def _attend_explicit(layer, x, key_padding_mask, v):
+    "The explicit form: the probabilities of `scores` (Eq. 4) times V; (B, H, T, d)."
+    return layer.scores(x, key_padding_mask).attention.to(v.dtype) @ v
+
+
+def _experimental(path: str):
+    "An implementation in `hkt_nb.experimental`, imported on its first call; `path` is 'module:function'."
+    def attend(*args):
+        module, name = path.split(":")
+        return getattr(importlib.import_module(module), name)(*args)
+    return attend
+
+
+#: impl name -> function (layer, x, key_padding_mask, v) -> the attention output (B, H, T, d)
+ATTENTION_IMPLS = {"fused": _attend_fused, "explicit": _attend_explicit,
+                   "flex": _experimental("hkt_nb.experimental.flex:attend_flex")}
+
+# %% ../nbs/02_attention.ipynb #547cd7dd
 @add_to_class(HierarchicalAttention)
 def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, impl: str = "fused") -> torch.Tensor:
-    "HKT attention of x (B, T, D) -> (B, T, D), Eqs. (1)-(5); `impl` \"fused\" (SDPA) or \"explicit\"."
+    "HKT attention of x (B, T, D) -> (B, T, D), Eqs. (1)-(5), by the implementation `impl` of `ATTENTION_IMPLS`."
+    check_choice("impl", impl, ATTENTION_IMPLS)
     check_attention_inputs(x, key_padding_mask, self.d_model, self.out_proj.weight.dtype)
     v = self.v_proj(x)  # (B, T, D), shared by the attention and the convolution of the hybrid head
-    if impl == "fused":
-        attended = self._attend_fused(x, key_padding_mask, split_heads(v, self.n_heads))
-    elif impl == "explicit":
-        probs = self.scores(x, key_padding_mask).attention
-        attended = probs.to(v.dtype) @ split_heads(v, self.n_heads)
-    elif impl == "flex":  # experimental, see "An experimental FlexAttention form"
-        attended = self._attend_flex(x, key_padding_mask, split_heads(v, self.n_heads))
-    else:
-        raise ValueError(f'impl must be "fused", "explicit" or "flex" (experimental), got {impl!r}')
+    attended = ATTENTION_IMPLS[impl](self, x, key_padding_mask, split_heads(v, self.n_heads))
     convolved = split_heads(self.causal_value_conv(v), self.n_heads)
     return self.out_proj(merge_heads(hybrid_mix(attended, convolved, self.gates.to(attended.dtype))))
-
-# %% ../nbs/02_attention.ipynb #59a6275b
-_COMPILED_FLEX: dict = {}
-
-
-def _flex_attention(device: torch.device):
-    "FlexAttention (torch >= 2.5), compiled on CUDA (its eager form materialises the scores); RuntimeError without it."
-    try:
-        from torch.nn.attention.flex_attention import flex_attention
-    except ImportError:
-        raise RuntimeError(f"impl='flex' needs torch.nn.attention.flex_attention (torch >= 2.5), not torch {torch.__version__}") from None
-    if device.type != "cuda":
-        return flex_attention
-    return _COMPILED_FLEX.setdefault("cuda", torch.compile(flex_attention, dynamic=False))
-
-
-def _coarse_score_mod(lambdas, coarse, maps, keep, causal):
-    "The `score_mod` adding sum_{l >= 1} lambda_l S_l[b, h, pi_l(q), pi_l(kv)] to the fine score, then the masks."
-    def score_mod(score, b, h, q_idx, kv_idx):
-        for level, (table, (index, valid)) in enumerate(zip(coarse, maps), start=1):
-            term = lambdas[h, level] * table[b, h, index[q_idx], index[kv_idx]]
-            score = score + torch.where(valid[q_idx] & valid[kv_idx], term, torch.zeros_like(term)).to(score.dtype)
-        if keep is not None:
-            score = torch.where(keep[b, kv_idx], score, -float("inf"))
-        if causal:
-            score = torch.where(kv_idx <= q_idx, score, -float("inf"))
-        return score
-    return score_mod
-
-
-@add_to_class(HierarchicalAttention)
-def _attend_flex(self, x, key_padding_mask, v):
-    "Experimental: the fine level through FlexAttention, each coarse level added at its own resolution by `score_mod`."
-    if self.training and self.dropout > 0:
-        raise ValueError("impl='flex' has no attention dropout: train with impl='fused' or set dropout=0")
-    flex = _flex_attention(x.device)
-    T = x.shape[1]
-    qs, ks = self.level_queries_keys(x, key_padding_mask)
-    lambdas = self.lambdas.float()
-    coarse = [level_scores(q, k) for q, k in zip(qs[1:], ks[1:])]  # (B, H, T_l, T_l), float32, Eq. (1)
-    maps = [upsample_index(T, level, self.stride, self.causal, device=x.device) for level in range(1, self.n_levels)]
-    keep = None if key_padding_mask is None else ~key_padding_mask | key_padding_mask.all(-1, keepdim=True)
-    score_mod = _coarse_score_mod(lambdas, coarse, maps, keep, self.causal)
-    q0 = qs[0] * lambdas[:, 0].to(qs[0].dtype)[None, :, None, None]  # lambda_0 S^(0) as the kernel's own score
-    return flex(q0, ks[0], v, score_mod=score_mod, scale=1 / math.sqrt(self.head_dim))
-
 
 # %% ../nbs/02_attention.ipynb #59fee6bd
 def _split_coarse_projections(layer: HierarchicalAttention) -> None:
@@ -419,6 +369,7 @@ def _copy_mha_projections(layer: HierarchicalAttention, mha: nn.MultiheadAttenti
         layer.out_proj.bias.copy_(mha.out_proj.bias)
 
 
+# %% ../nbs/02_attention.ipynb #af553d45
 @add_to_class(HierarchicalAttention)
 @classmethod
 def from_mha(cls,
@@ -475,7 +426,7 @@ class MultiHeadAttention(nn.Module):
                  dropout: float = 0.0,  # dropout on the attention probabilities, in [0, 1)
                  bias: bool = True):  # biases of the projections
         super().__init__()
-        check_heads(d_model, n_heads), check_bool("causal", causal), check_dropout("dropout", dropout)
+        check_heads(d_model, n_heads), check_bool("causal", causal), check_probability("dropout", dropout)
         check_bool("bias", bias)
         self.d_model, self.n_heads, self.head_dim, self.causal, self.dropout = d_model, n_heads, d_model // n_heads, causal, dropout
         self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
@@ -506,3 +457,38 @@ class MultiHeadAttention(nn.Module):
         else:
             raise ValueError(f'impl must be "fused" or "explicit", got {impl!r}')
         return self.out_proj(merge_heads(out))
+
+# %% ../nbs/02_attention.ipynb #f49d9afc
+def check_attention_inputs(
+    x: torch.Tensor,  # (B, T, d_model) floating input
+    key_padding_mask: torch.Tensor | None,  # None or (B, T) bool, True = padding, right padding only
+    d_model: int,  # the layer's width D
+    param_dtype: torch.dtype | None = None,  # the parameters' dtype; `x` must match it unless autocast is on
+) -> None:
+    """Validate the inputs of an attention layer. The one check on tensor *values* (right padding) runs in eager
+    mode only: under `torch.compile` it is skipped, so the layer compiles to one graph without host syncs.
+
+    Raises `TypeError` (dtypes) or `ValueError` (shapes, T = 0, padding that is not right padding)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 3 or x.shape[-1] != d_model:
+        raise ValueError(f"x must have shape (B, T, d_model={d_model}), got {tuple(x.shape)}")
+    if x.shape[1] == 0:
+        raise ValueError("x has length T = 0: nothing to attend to")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating tensor, got {x.dtype}")
+    if param_dtype is not None and x.dtype != param_dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(f"x has dtype {x.dtype} but the layer's parameters are {param_dtype}: "
+                        f"call layer.to({x.dtype}) or run under torch.autocast")
+    if key_padding_mask is None:
+        return
+    if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
+        got = key_padding_mask.dtype if isinstance(key_padding_mask, torch.Tensor) else type(key_padding_mask).__name__
+        raise TypeError(f"key_padding_mask must be a bool tensor (True = padding), got {got}")
+    if key_padding_mask.shape != x.shape[:2]:
+        raise ValueError(f"key_padding_mask must have shape (B, T) = {tuple(x.shape[:2])}, got {tuple(key_padding_mask.shape)}")
+    if torch.compiler.is_compiling():  # a value check branches on data: a graph break and a host sync
+        return
+    if (key_padding_mask[:, :-1] & ~key_padding_mask[:, 1:]).any():
+        raise ValueError("key_padding_mask must be right padding (True only after the last real token): "
+                         "coarse levels summarise contiguous blocks")

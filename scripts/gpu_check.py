@@ -12,7 +12,10 @@ the next):
   2. cuda tests    `pytest -m cuda tests/test_cuda.py`: fp32 fused == explicit, finite bf16 / fp16 training
                    steps, SDPA on flash / memory-efficient kernels only, memory linear in T up to 16,384
   3. bench_cost    scripts/bench_cost.py --device cuda, T = 1,024 .. 16,384: HKT fused / MHA time and memory
-  4. listops       the `paper`-preset ListOps model, hkt and mha, each trained for a wall-clock budget that stops
+  4. flex-bench    HKT's fused form beside the experimental impl="flex" (hkt_nb.experimental.flex), same table:
+                   forward+backward time and peak memory per T (up to 16,384; dry run: T = 64 on the CPU, where
+                   flex runs its forward pass only, under no_grad, and says so in its row)
+  5. listops       the `paper`-preset ListOps model, hkt and mha, each trained for a wall-clock budget that stops
                    cleanly between steps; records how far it got and its throughput (examples/s). The training
                    split is capped (--listops-train, default 6,000 examples: generating the full 96,000 takes
                    longer than the whole check); the throughput does not depend on the split size.
@@ -86,6 +89,78 @@ def listops_budget_run(model: str, args) -> dict:
     return summary
 
 
+def _flex_row(impl: str, T: int, B: int, D: int, H: int, device, repeats: int, reference=None) -> dict:
+    "One row of the flex benchmark: `impl` of a seeded HKT layer (L = 3) on (B, T, D), timed and measured."
+    import torch
+
+    from hkt_nb.attention import HierarchicalAttention
+    torch.manual_seed(0)
+    layer = HierarchicalAttention(D, H, n_levels=3).to(device).eval()
+    x = torch.randn(B, T, D, device=device)
+    cuda = device.type == "cuda"
+    backward = cuda or impl != "flex"  # FlexAttention has no CPU backward
+    row = {"impl": impl, "T": T, "B": B, "D": D, "H": H, "device": str(device),
+           "mode": "forward+backward" if backward else "forward only, no_grad (FlexAttention has no CPU backward)"}
+
+    def step():
+        if backward:
+            out = layer(x.requires_grad_(), impl=impl)
+            out.square().mean().backward()
+        else:
+            with torch.no_grad():
+                out = layer(x, impl=impl)
+        return out.detach()
+    try:
+        out = step()  # warm-up (compiles the flex kernel on CUDA)
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+        started = time.perf_counter()
+        for _ in range(repeats):
+            step()
+        if cuda:
+            torch.cuda.synchronize(device)
+            row["peak_mib"] = round((torch.cuda.max_memory_allocated(device) - base) / 2**20, 1)
+        else:
+            row["peak_mib"] = None  # torch does not track CPU allocations
+        row["ms"] = round((time.perf_counter() - started) / repeats * 1e3, 2)
+        if reference is not None:
+            row["max_abs_diff_vs_fused"] = float((out - reference).abs().max())
+        row["output"] = out
+    except Exception as error:  # noqa: BLE001 - a row records why it could not run
+        row["mode"] = "skipped: needs CUDA" if not cuda else f"failed: {type(error).__name__}: {error}"[:200]
+    return row
+
+
+def flex_benchmark(args) -> list[dict]:
+    "HKT fused and experimental flex, forward+backward time and peak memory, in one table (<out>/flex_bench.json)."
+    import warnings
+
+    import torch
+    device = torch.device(args.device)
+    if device.type != "cuda":  # the uncompiled CPU form says it materialises the scores: the row says it too
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+    if args.dry_run:
+        lengths, B, D, H, repeats = [64], 1, 16, 2, 2
+    else:
+        lengths, B, D, H, repeats = [T for T in (1024, 4096, 16384) if T <= args.max_length], 2, 128, 4, 5
+    rows = []
+    for T in lengths:
+        fused = _flex_row("fused", T, B, D, H, device, repeats)
+        rows += [fused, _flex_row("flex", T, B, D, H, device, repeats, fused.get("output"))]
+    for row in rows:
+        row.pop("output", None)
+    print(f"{'impl':<6} {'T':>6} {'B':>2} {'D':>4} {'H':>2} {'ms':>9} {'peak MiB':>9} {'|flex-fused|':>12}  mode")
+    for r in rows:
+        ms = "-" if r.get("ms") is None else f"{r['ms']:.2f}"
+        peak = "-" if r.get("peak_mib") is None else f"{r['peak_mib']:.1f}"
+        diff = f"{r['max_abs_diff_vs_fused']:.2e}" if "max_abs_diff_vs_fused" in r else "-"
+        print(f"{r['impl']:<6} {r['T']:>6} {r['B']:>2} {r['D']:>4} {r['H']:>2} {ms:>9} {peak:>9} {diff:>12}  {r['mode']}")
+    (args.out / "flex_bench.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return rows
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="every step on the CPU at toy size")
@@ -93,9 +168,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--budget", type=float, default=None, help="seconds of training per model (default 60; dry 0.5)")
     parser.add_argument("--listops-train", type=int, default=6000, help="training examples of the budgeted runs")
     parser.add_argument("--max-length", type=int, default=None, help="longest T measured (default 16384; dry 256)")
-    parser.add_argument("--steps", nargs="+", default=["environment", "cuda-tests", "bench-cost", "listops"],
-                        choices=["environment", "cuda-tests", "bench-cost", "listops"])
+    steps = ["environment", "cuda-tests", "bench-cost", "flex-bench", "listops"]
+    parser.add_argument("--steps", nargs="+", default=steps, choices=steps)
     parser.add_argument("--listops-only", default=None, help=argparse.SUPPRESS)  # internal: one budgeted run
+    parser.add_argument("--flex-only", action="store_true", help=argparse.SUPPRESS)  # internal: the flex table
     args = parser.parse_args(argv)
     args.device = "cpu" if args.dry_run else "cuda"
     args.out = (args.out or ROOT / ("_build/gpu_check_dry" if args.dry_run else "results/gpu")).resolve()
@@ -120,6 +196,9 @@ def main(argv=None) -> int:
     if args.listops_only:
         listops_budget_run(args.listops_only, args)
         return 0
+    if args.flex_only:
+        flex_benchmark(args)
+        return 0
     if not args.dry_run:
         import torch
         if not torch.cuda.is_available():
@@ -139,6 +218,11 @@ def main(argv=None) -> int:
                               args.out, env, timeout=600 if args.dry_run else 240))
     if "bench-cost" in args.steps:
         steps.append(run_step("bench-cost", bench_command(args), args.out, env, timeout=300 if args.dry_run else 150))
+    if "flex-bench" in args.steps:
+        command = [sys.executable, "scripts/gpu_check.py", "--flex-only", "--max-length", str(args.max_length),
+                   "--out", str(args.out)] + (["--dry-run"] if args.dry_run else [])
+        steps.append(run_step("flex-bench", command, args.out, env, timeout=300 if args.dry_run else 180))
+        print((args.out / "flex-bench.log").read_text(), flush=True)  # the table, in the check's own output
     if "listops" in args.steps:
         for model in ("hkt", "mha"):
             command = [sys.executable, "scripts/gpu_check.py", "--listops-only", model, "--budget", str(args.budget),

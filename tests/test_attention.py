@@ -192,3 +192,29 @@ def test_bad_inputs_raise_clear_errors(cls):
         layer(torch.randn(2, 0, 16))
     with pytest.raises(ValueError, match="n_heads must divide"):
         cls(10, 4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_levels_are_what_the_projections_read(causal, padded_batch, randomise):
+    layer = randomise(HierarchicalAttention(16, 4, 3, 2, causal=causal).double())
+    x, kpm = padded_batch()
+    tokens, masks = layer.levels(x, kpm)
+    pyramid_levels, pyramid_masks = layer.pyramid(x, kpm)
+    assert tokens[0] is x and [t.shape[1] for t in tokens] == [13, 7, 4]
+    for level in (1, 2):
+        assert torch.equal(tokens[level], pyramid_levels[level]) and torch.equal(masks[level], pyramid_masks[level])
+    qs, _ = layer.level_queries_keys(x, kpm)
+    for q, proj, t in zip(qs, layer.q_proj, tokens):
+        torch.testing.assert_close(q.transpose(1, 2).flatten(2), proj(t), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="key_padding_mask"):
+        layer.levels(x, kpm[:, :5])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_upsample_index_is_the_block_map_of_eq2(causal):
+    T, s = 11, 2
+    for level in range(4):
+        index, valid = upsample_index(T, level, s, causal)
+        for i in range(T):
+            expected = (i + 1) // s**level - 1 if causal else i // s**level
+            assert bool(valid[i]) == (expected >= 0) and (expected < 0 or int(index[i]) == expected)
