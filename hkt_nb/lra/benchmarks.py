@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
+from .._checks import check_bool, check_int
+
 # `datasets` as hkt_nb.lra.listops imports it: behind the one check that names the [lra] extra when it is missing
 from .listops import LISTOPS_SETTINGS, datasets, make_listops, read_listops_tsv, write_listops_tsv
 from .tokenize import PAD_ID, tokenise_listops
@@ -26,8 +28,7 @@ from .tokenize import PAD_ID, tokenise_listops
 __all__ = ['SPLITS', 'PARQUET_FILES', 'BenchmarkInfo', 'benchmark_info', 'listops_splits', 'listops_check', 'listops_source',
            'imdb_splits', 'cifar10_splits', 'scifar10_check', 'synthetic_benchmark', 'synthetic_splits',
            'load_benchmark', 'task_sizes', 'load_task', 'subsample', 'TokenDataset', 'batch_length', 'pad_collate',
-           'make_dataloader', 'absolute_path', 'resolve_user_path', 'cache_dir', 'resolve_data_dir', 'load_raw',
-           'check_integer']
+           'make_dataloader', 'absolute_path', 'resolve_user_path', 'cache_dir', 'resolve_data_dir', 'load_raw']
 
 # %% ../../nbs/04_data.ipynb #38380846
 SPLITS = ("train", "validation", "test")
@@ -71,7 +72,7 @@ def benchmark_info(
     naming a bad argument or option."""
     record = _task(task)
     options = _options(record, options)
-    check_integer("seq_len", seq_len)
+    check_int("seq_len", seq_len, allow_none=True)
     length = record.check(record, seq_len, **options) if record.check else (seq_len or record.seq_len)
     return BenchmarkInfo(record.name, record.vocab_size, record.n_classes, length)
 
@@ -175,8 +176,7 @@ def cifar10_splits(task, *, sizes: dict, caps: dict, seed: int, cache_root: Path
 
 def scifar10_check(task, seq_len: int | None, rgb: bool = False) -> int:
     "T of sequential CIFAR-10: `seq_len`, else 1,024 pixels (3,072 with `rgb`). Raises TypeError naming `rgb`."
-    if not isinstance(rgb, bool):
-        raise TypeError(f"rgb must be True or False, got {type(rgb).__name__} {rgb!r}")
+    check_bool("rgb", rgb)
     return seq_len or (3 if rgb else 1) * task.seq_len
 
 # %% ../../nbs/04_data.ipynb #982bf2c0
@@ -279,7 +279,7 @@ def load_benchmark(
     sizes = {"train": n_train, "validation": n_validation, "test": n_test}
     info = benchmark_info(record, seq_len=seq_len, **options)  # checks seq_len and the options
     for split, size in sizes.items():
-        check_integer(f"n_{split}", size)
+        check_int(f"n_{split}", size, allow_none=True)
     options, caps, root = _options(record, options), _caps(max_examples), cache_dir(cache)
     data_root = resolve_data_dir(data_dir)
     source = record.source(record, data_root, **options) if record.source else _source_key(record, data_root)
@@ -394,7 +394,7 @@ def make_dataloader(
     """A DataLoader of padded batches. For DDP pass a `DistributedSampler` (and call its `set_epoch`);
     `shuffle` must then be False. Raises ValueError on a non-positive `batch_size` or both `shuffle` and
     `sampler`."""
-    check_integer("batch_size", batch_size, allow_none=False)
+    check_int("batch_size", batch_size)
     if sampler is not None and shuffle:
         raise ValueError("pass either shuffle=True or a sampler (shuffle inside it), not both")
     ds = split if isinstance(split, TokenDataset) else TokenDataset(split)
@@ -549,16 +549,6 @@ def _save_atomically(dataset_dict: datasets.DatasetDict, truncated: float, targe
         shutil.rmtree(temporary, ignore_errors=True)
 
 # %% ../../nbs/04_data.ipynb #cbb09b56
-def check_integer(name: str, value, minimum: int = 1, allow_none: bool = True) -> None:
-    "Raise a TypeError / ValueError naming argument `name` unless `value` is an int >= `minimum` (or None if allowed)."
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int{' or None' if allow_none else ''}, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
 def _caps(max_examples) -> dict[str, int | None]:
     if max_examples is None or isinstance(max_examples, (int, np.integer)):
         caps = {s: max_examples for s in SPLITS}
@@ -569,5 +559,5 @@ def _caps(max_examples) -> dict[str, int | None]:
     else:
         raise TypeError(f"max_examples must be None, an int or a dict split -> int, got {type(max_examples).__name__}")
     for split, cap in caps.items():
-        check_integer(f"max_examples[{split!r}]", cap)
+        check_int(f"max_examples[{split!r}]", cap, allow_none=True)
     return caps

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._checks import check_int
+
 # the one check for the [lra] extra: hkt_nb.lra.benchmarks imports `datasets` from here
 with warnings.catch_warnings():  # tqdm.auto (imported by datasets) warns in Jupyter without ipywidgets
     warnings.filterwarnings("ignore", message="IProgress not found")
@@ -137,14 +139,15 @@ def _listops_chunk(args) -> list[tuple[str, int, int, int]]:
 
 
 def _check_listops_params(n_examples, min_length, max_length, max_depth, max_args):
-    for name, value in dict(n_examples=n_examples, min_length=min_length, max_length=max_length,
-                            max_depth=max_depth, max_args=max_args).items():
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if n_examples < 0: raise ValueError(f"n_examples must be >= 0, got {n_examples}")
-    if max_depth < 1 or max_args < 2: raise ValueError(f"need max_depth >= 1 and max_args >= 2, got {max_depth}, {max_args}")
-    if min_length < 0 or max_length - min_length < 2:
-        raise ValueError(f"empty length window: need min_length < length < max_length, got {min_length}, {max_length}")
+    "The generator's arguments, each with `hkt_nb._checks.check_int`, then the two rules that involve several."
+    check_int("n_examples", n_examples, 0)
+    check_int("min_length", min_length, 0)
+    check_int("max_length", max_length, None)
+    check_int("max_depth", max_depth, 1)
+    check_int("max_args", max_args, 2)
+    if max_length - min_length < 2:
+        raise ValueError(f"min_length, max_length: empty length window, need min_length < length < max_length, "
+                         f"got {min_length}, {max_length}")
     if max_depth == 1 and min_length >= 1:
         raise ValueError("max_depth = 1 only produces single digits (length 1)")
 
