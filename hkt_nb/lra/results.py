@@ -122,7 +122,7 @@ def mcnemar_exact(correct_a,  # bool array (n,): A right on example i
     "McNemar's exact test: counts `only_a` (n_10), `only_b` (n_01), `n`, `difference` = (n_10 - n_01)/n, `p_value`."
     correct_a, correct_b = np.asarray(correct_a, bool), np.asarray(correct_b, bool)
     if correct_a.shape != correct_b.shape or correct_a.ndim != 1:
-        raise ValueError(f"need two 1-d arrays of one length, got {correct_a.shape} and {correct_b.shape}")
+        raise ValueError(f"correct_a, correct_b: need two 1-d arrays of one length, got {correct_a.shape} and {correct_b.shape}")
     only_a, only_b = int((correct_a & ~correct_b).sum()), int((~correct_a & correct_b).sum())
     n = len(correct_a)
     return {"only_a": only_a, "only_b": only_b, "n": n, "difference": (only_a - only_b) / max(n, 1),
@@ -225,7 +225,7 @@ def compare_on_seed(results_dir,  # folder holding the run records and predictio
         return None
     (pred_a, labels_a), (pred_b, labels_b) = loaded
     if not np.array_equal(labels_a, labels_b):
-        raise ValueError(f"{task} seed {seed}: {models} were not scored on the same test labels")
+        raise ValueError(f"runs: {task} seed {seed}: {models} were not scored on the same test labels")
     correct_a, correct_b = pred_a == labels_a, pred_b == labels_a
     test, boot = mcnemar_exact(correct_a, correct_b), paired_bootstrap(correct_a, correct_b, seed=seed)
     return {"task": task, "model_a": models[0], "model_b": models[1], "seed": seed, "acc_a": float(correct_a.mean()),
