@@ -479,6 +479,7 @@ def _local_files(record, root: Path) -> dict[str, str]:
     return {split: str(p) for split, p in files.items()}
 
 
+# %% ../../nbs/04_data.ipynb #433c02bd
 def load_raw(task: str, data_dir: str | os.PathLike | None = None, cache: str | os.PathLike | None = None
              ) -> datasets.DatasetDict:
     """The raw `train` / `test` splits of a task whose data come from the hub (`Task.hub`: "imdb" gives `text`,
