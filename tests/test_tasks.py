@@ -188,3 +188,26 @@ def test_no_task_name_comparison_outside_the_registry():
 def test_build_files_hold_no_typed_task_list(path):
     text = (REPO / path).read_text()
     assert not re.search(r"0[678]_(listops|scifar10|imdb)|[\"'](listops|scifar10|imdb)[\"']", text), path
+
+
+def _script(repo_root, name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, repo_root / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_scripts_read_chapters_and_queue_from_the_registry(build_book, repo_root, tmp_path):
+    assert build_book.experiment_chapters() == tuple(T.chapters())
+    assert _script(repo_root, "tag_cells").chapters() == (*T.chapters(), "09_results", "10_cost")
+    runner = _script(repo_root, "run_experiments")
+    assert runner.plan() == T.experiment_plan()
+    todo = runner.queue("cpu", None, tmp_path)  # an empty results folder: every run of the plan, three seeds each
+    assert len(todo) == len(T.experiment_plan()) * len(T.SEEDS)
+    assert [task for task, _, _ in todo] == sorted((t for t, _, _ in todo), key=list(T.BENCHMARKS).index)
+    assert todo[:4] == [("listops", m, 0) for m in ("hkt", "mha", "hkt_l1", "hkt_l2")]
+    assert {task for task, _, _ in runner.queue("cpu", {"imdb"}, tmp_path)} == {"imdb"}
+    with pytest.raises(KeyError, match="task"):
+        runner.queue("cpu", {"pathfinder"}, tmp_path)
