@@ -10,7 +10,11 @@ BIN := $(VENV)/bin
 #   make book TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH_SPEC ?= torch==2.13.0
 PRESET ?= smoke
-EXPERIMENTS := 06_listops 07_scifar10 08_imdb
+# the experiment chapters: one per benchmark of the task registry (chapter 4, hkt_nb/lra/tasks.py), read when used
+EXPERIMENTS = $(shell $(BIN)/python -m hkt_nb.lra.tasks chapters)
+EMPTY :=
+SPACE := $(EMPTY) $(EMPTY)
+EXPERIMENTS_RE = ^($(subst $(SPACE),|,$(strip $(EXPERIMENTS))))\.ipynb$$
 # Real data: a local copy in the hub's parquet layout (HKT_DATA_DIR), else the Hugging Face hub.
 HKT_DATA_DIR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 export HKT_DATA_DIR
@@ -39,6 +43,7 @@ book: install
 
 ## chapters: run the experiment chapters through papermill with PRESET=smoke|cpu|paper
 chapters: install
+	@test -n "$(EXPERIMENTS)" || { echo "no experiment chapters: '$(BIN)/python -m hkt_nb.lra.tasks chapters' failed"; exit 1; }
 	@mkdir -p results/chapters/$(PRESET)
 	@for nb in $(EXPERIMENTS); do \
 	  if [ -f nbs/$$nb.ipynb ]; then \
@@ -63,7 +68,7 @@ browser-test: install
 	HKT_BOOK_HTML=$(BOOK_HTML) HKT_REQUIRE_BOOK=1 $(BIN)/python -m pytest -q -rs tests/test_pkg_browser.py
 
 nbtest: install
-	MPLBACKEND=Agg OMP_NUM_THREADS=1 $(BIN)/nbdev_test --skip_file_re '^0[6-8]_'  # 2 workers x 1 thread on 2 cores
+	MPLBACKEND=Agg OMP_NUM_THREADS=1 $(BIN)/nbdev_test --skip_file_re '$(EXPERIMENTS_RE)'  # the experiment chapters run in `chapters`; 2 workers x 1 thread on 2 cores
 
 ## test: the whole suite (what CI runs): sync checks, ruff, library tests (slow ones included), the
 ## experiment chapters with the smoke preset (first: the results chapter needs runs to read), notebook

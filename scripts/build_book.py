@@ -8,7 +8,7 @@
    place they are written).
 2. Execute each copy with papermill (working directory nbs/, like nbdev_test). A failing cell stops
    the build with an error: no chapter is published without its outputs.
-   Experiment chapters (EXPERIMENTS below) are not retrained here: the build
+   Experiment chapters (`experiment_chapters()`: the task registry's chapters) are not retrained here: the build
    takes the executed copy that `make chapters PRESET=...` wrote to results/chapters/<preset>/, the
    largest preset available (paper, then cpu, then smoke); with none, it executes them with --preset.
 3. Run `jupyter-book build` with warnings as errors; Jupyter Book itself executes nothing.
@@ -33,6 +33,8 @@ import yaml
 from nbdev.process import extract_directives, first_code_ln
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # this checkout's hkt_nb, not another installed copy
+    sys.path.insert(0, str(ROOT))
 SRC = ROOT / "_build" / "book_src"
 PRESETS_BY_PRIORITY = ("paper", "cpu", "smoke")
 
@@ -158,8 +160,12 @@ def write_redirects(html_dir: Path, pages: list[str]) -> None:
             stub.write_text(REDIRECT.format(target=f"{name}.html"))
 
 
-# The training chapters (the Makefile's EXPERIMENTS): executed by `make chapters PRESET=...`, never retrained here.
-EXPERIMENTS = ("06_listops", "07_scifar10", "08_imdb")
+def experiment_chapters() -> tuple[str, ...]:
+    """The training chapters, one per benchmark of the task registry (`hkt_nb.lra.tasks.chapters`, the list the
+    Makefile's `chapters` target runs): executed by `make chapters PRESET=...`, never retrained here."""
+    from hkt_nb.lra.tasks import chapters
+
+    return tuple(chapters())
 
 
 def executed_copy(name: str) -> Path | None:
@@ -231,6 +237,7 @@ def main(argv=None):
     (SRC / "_toc.yml").write_text(yaml.safe_dump(subset_toc(yaml.safe_load((ROOT / "_toc.yml").read_text()), pages),
                                                  sort_keys=False))
     shutil.copy(ROOT / "references.bib", SRC / "references.bib")
+    experiments = experiment_chapters()
     for name in pages:
         src = ROOT / f"{name}.ipynb"
         if not src.exists():
@@ -238,7 +245,7 @@ def main(argv=None):
         dest = SRC / f"{name}.ipynb"
         dest.parent.mkdir(parents=True, exist_ok=True)
         nb = nbformat.read(src, as_version=4)
-        if Path(name).name in EXPERIMENTS:
+        if Path(name).name in experiments:
             done = executed_copy(Path(name).name)
             if done is not None:
                 print(f"  {name}: using executed copy {done.relative_to(ROOT)}", flush=True)

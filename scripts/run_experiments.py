@@ -16,23 +16,35 @@ import sys
 import time
 from pathlib import Path
 
-SEEDS = (0, 1, 2)
-# (task, model) in priority order: ListOps seeds and the hierarchy ablation first, then sCIFAR-10, then IMDB
-PLAN = [("listops", m) for m in ("hkt", "mha", "hkt_l1", "hkt_l2")] + \
-       [("scifar10", m) for m in ("hkt", "mha")] + [("imdb", m) for m in ("hkt", "mha")]
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # this checkout's hkt_nb, not another installed copy
+    sys.path.insert(0, str(ROOT))
+
+
+def plan() -> list[tuple[str, str]]:
+    """(task, model) in priority order, from the task registry (`hkt_nb.lra.tasks.experiment_plan`): the benchmarks in
+    registration order (ListOps with its hierarchy ablation first, then sCIFAR-10, then IMDB), each with its models."""
+    from hkt_nb.lra.tasks import experiment_plan
+
+    return experiment_plan()
 
 
 def queue(preset: str, only: set[str] | None, results_dir: Path) -> list[tuple[str, str, int]]:
-    "The runs still to do: every (task, model, seed) of PLAN without a finished results JSON, ListOps first."
+    "The runs still to do: every (task, model, seed) of `plan()` and the preset's seeds without a finished record."
+    from hkt_nb.lra.config import get_preset, run_name
     from hkt_nb.lra.runs import finished_run
+    from hkt_nb.lra.tasks import get_task
+    runs = plan()
+    for task in only or ():
+        get_task(task)  # KeyError listing the registered tasks
     todo = []
-    for seed in SEEDS:                      # seed-major inside a task: three seeds of a pair beat six of one
-        for task, model in PLAN:
+    for seed in get_preset(preset).seeds:  # seed-major inside a task: three seeds of a pair beat six of one
+        for task, model in runs:
             if only and task not in only:
                 continue
             if finished_run(task, model, preset, seed, results_dir) is None:
                 todo.append((task, model, seed))
-    order = {t: i for i, t in enumerate(dict.fromkeys(t for t, _ in PLAN))}
+    order = {t: i for i, t in enumerate(dict.fromkeys(t for t, _ in runs))}
     return sorted(todo, key=lambda r: order[r[0]])
 
 
@@ -47,6 +59,7 @@ def main() -> None:
     a = p.parse_args()
     results_dir = Path(a.results_dir)
     todo = queue(a.preset, set(a.only) if a.only else None, results_dir)
+    from hkt_nb.lra.config import run_name
     print(f"{len(todo)} runs to do: " + ", ".join(f"{t}-{m}-seed{s}" for t, m, s in todo), flush=True)
     if a.dry_run:
         return
@@ -55,7 +68,7 @@ def main() -> None:
     while todo or running:
         while todo and len(running) < a.jobs:
             task, model, seed = todo.pop(0)
-            name = f"{task}-{model}-{a.preset}-seed{seed}"
+            name = run_name(task, model, a.preset, seed)
             cmd = [sys.executable, "-m", "hkt_nb.lra.runs", "--task", task, "--model", model, "--preset", a.preset,
                    "--seed", str(seed), "--device", "cpu", "--threads", str(a.threads), "--no-progress",
                    "--results-dir", str(results_dir)]

@@ -1,6 +1,6 @@
 """Hide the code that only reshapes tables on the results, cost and experiment pages (issue 13, item 5).
 
-A code cell of chapters 06-10 gets the Jupyter Book tag `hide-input` (the code stays one click away, the
+A code cell of the experiment chapters (the task registry's) and chapters 09-10 gets the Jupyter Book tag `hide-input` (the code stays one click away, the
 table shows) when it builds or formats a table (pandas `DataFrame`/`groupby`/`unstack`/`pivot`/`agg`, or
 a hand-formatted text table) and does not teach: cells that export library code, carry `parameters`, assert
 (example-tests), or are already hidden by a directive or a tag are left alone. Rule-based, so it still
@@ -20,7 +20,16 @@ from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = ("06_listops", "07_scifar10", "08_imdb", "09_results", "10_cost")
+if str(ROOT) not in sys.path:  # this checkout's hkt_nb, not another installed copy
+    sys.path.insert(0, str(ROOT))
+RESULT_CHAPTERS = ("09_results", "10_cost")  # beside the experiment chapters, which the task registry lists
+
+
+def chapters() -> tuple[str, ...]:
+    "The chapters whose table code is hidden: every experiment chapter of the task registry, then the results ones."
+    from hkt_nb.lra.tasks import chapters as experiment_chapters
+
+    return (*experiment_chapters(), *RESULT_CHAPTERS)
 TABLE = re.compile(r"pd\.DataFrame\(|\.groupby\(|\.unstack\(|\.pivot(_table)?\(|\.agg\(|\.to_markdown\(|"
                    r"\.style\b|^def table\(|print\(f\"\{'[^']*':>\d+\}", re.M)
 TEACHES = re.compile(r"^\s*assert\b|^\s*#\|\s*export", re.M)
@@ -56,7 +65,7 @@ def main(argv=None) -> int:
     parser.add_argument("--write", action="store_true", help="tag the cells in place (then run nbdev_clean)")
     args = parser.parse_args(argv)
     found = []
-    for name in CHAPTERS:
+    for name in chapters():
         path = ROOT / "nbs" / f"{name}.ipynb"
         if path.exists():
             found += tag_chapter(path, args.write)

@@ -9,6 +9,9 @@ import pytest
 from scipy import stats
 
 from hkt_nb.lra.results import (
+    EXPECTED_MODELS,
+    PAIRS,
+    PAPER_REPORTED,
     SEEDS,
     binomial_two_sided_p,
     compare_on_seed,
@@ -29,6 +32,18 @@ from hkt_nb.lra.results import (
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
+def test_the_grid_and_the_paper_table_come_from_the_task_registry():
+    from hkt_nb.lra.tasks import BENCHMARKS, SEEDS as REGISTRY_SEEDS, get_task
+
+    assert list(EXPECTED_MODELS) == list(PAIRS) == list(PAPER_REPORTED) == list(BENCHMARKS)
+    assert dict(EXPECTED_MODELS) == {"listops": ("hkt", "mha", "hkt_l1", "hkt_l2"), "scifar10": ("hkt", "mha"),
+                                     "imdb": ("hkt", "mha")}
+    assert PAIRS["listops"][:3] == (("hkt", "mha"), ("hkt", "hkt_l1"), ("hkt", "hkt_l2")) and PAIRS["imdb"] == (("hkt", "mha"),)
+    assert all(PAIRS[t] == get_task(t).pairs and PAPER_REPORTED[t] == get_task(t).paper for t in BENCHMARKS)
+    assert PAPER_REPORTED["listops"]["hkt"][0] - PAPER_REPORTED["listops"]["mha"][0] == pytest.approx(4.77)
+    assert SEEDS is REGISTRY_SEEDS
+
+
 @pytest.mark.parametrize("successes,trials", [(0, 0), (0, 1), (1, 1), (0, 5), (5, 5), (2, 5), (3, 6), (87, 207),
                                               (120, 207), (10, 11), (500, 1000), (470, 1000), (1300, 3000)])
 def test_binomial_p_matches_scipy(successes, trials):
@@ -43,7 +58,7 @@ def test_binomial_p_hand_cases():
     assert binomial_two_sided_p(1, 6) == 2 * 7 / 64
     assert binomial_two_sided_p(4, 4) == binomial_two_sided_p(0, 4) == 2 / 16
     assert binomial_two_sided_p(0, 5000) == 0.0 or binomial_two_sided_p(0, 5000) < 1e-300  # no overflow
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="successes"):
         binomial_two_sided_p(4, 3)
 
 
@@ -56,7 +71,7 @@ def test_mcnemar_counts_and_symmetry():
     assert test["p_value"] == 1.0
     swapped = mcnemar_exact(b, a)
     assert (swapped["only_a"], swapped["only_b"], swapped["p_value"]) == (1, 2, 1.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="correct_a"):
         mcnemar_exact(a, b[:-1])
 
 
@@ -104,8 +119,9 @@ def test_mcnemar_power_size_monotone_symmetric(n_discordant, n_test):
 
 
 def test_mcnemar_power_refuses_impossible_settings():
-    for args in [(10, 100, 0.2), (-1, 100, 0.0), (101, 100, 0.0), (10, 100, 0.0, 1.5)]:
-        with pytest.raises(ValueError):
+    for args, argument in [((10, 100, 0.2), "difference"), ((-1, 100, 0.0), "n_discordant"),
+                           ((101, 100, 0.0), "n_test"), ((10, 100, 0.0, 1.5), "alpha")]:
+        with pytest.raises(ValueError, match=argument):
             mcnemar_power(*args)
 
 
@@ -234,7 +250,7 @@ def test_load_runs_of_a_preset_keeps_only_its_conforming_runs(tmp_path):
                "config": {**record["config"], "train": {**record["config"]["train"], "num_workers": 4}}}
     (tmp_path / "listops-hkt-cpu-seed3.json").write_text(json.dumps(workers))  # execution only: still conforming
     assert sorted(load_runs(tmp_path, "cpu")) == ["listops-hkt-cpu-seed0", "listops-hkt-cpu-seed3"]
-    with pytest.raises(ValueError, match="unknown preset"):
+    with pytest.raises(ValueError, match="preset"):
         load_runs(tmp_path, "huge")
 
 
@@ -242,7 +258,7 @@ def test_different_test_sets_are_refused(tmp_path):
     labels = np.arange(50) % 10
     _write_run(tmp_path, "listops", "hkt", 0, 0.6, labels)
     _write_run(tmp_path, "listops", "mha", 0, 0.4, labels[::-1].copy())
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="runs"):
         compare_on_seed(tmp_path, load_runs(tmp_path), "listops", ("hkt", "mha"), "cpu", 0)
 
 

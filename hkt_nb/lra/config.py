@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 from hkt_nb.model import (
     ClassifierConfig,
@@ -16,16 +16,17 @@ from hkt_nb.model import (
     matched_mha_config,
 )
 
-from .listops import LISTOPS_SETTINGS
+from .tasks import BENCHMARKS, SEEDS, TaskTable, get_task
 
 # %% auto #0
 __all__ = ['TASKS', 'SEQ_LEN', 'AMP_MODES', 'EXECUTION_ONLY_FIELDS', 'PRESETS', 'MODELS', 'TrainConfig', 'Preset', 'get_preset',
            'run_name', 'build_config', 'result_relevant', 'preset_differences', 'run_variant', 'conforms_to_preset']
 
 # %% ../../nbs/05_train.ipynb #6c549d89
-TASKS = ("listops", "imdb", "scifar10")
-#: T per task (the paper's setting); ListOps takes it from its "paper" generator setting.
-SEQ_LEN = {"listops": LISTOPS_SETTINGS["paper"]["seq_len"], "imdb": 1024, "scifar10": 1024, "synthetic": 64}
+#: The benchmarks (the registered tasks that have a chapter) and T of every registered task: views of the task
+#: registry (chapter 4, *The task registry*), read when used, so that a task registered later is in them.
+TASKS = BENCHMARKS
+SEQ_LEN = TaskTable("seq_len")
 AMP_MODES = ("auto", "bf16", "fp16", "off")
 
 
@@ -83,18 +84,23 @@ EXECUTION_ONLY_FIELDS = ("num_workers", "pin_memory", "compile")
 # %% ../../nbs/05_train.ipynb #8e568af2
 @dataclass(frozen=True)
 class Preset:
-    """A named recipe: model hyper-parameters (`ClassifierConfig` fields), a default `TrainConfig`, per-task
-    overrides of it, the seeds a chapter runs, and `why` (the reason, printed by the chapters)."""
+    """A named recipe: model hyper-parameters (`ClassifierConfig` fields), a default `TrainConfig`, the seeds a
+    chapter runs, and `why` (the reason, printed by the chapters). Its per-task overrides of the `TrainConfig` are
+    the task registry's (`Task.sizes[name]`, chapter 4), so that adding a task touches no preset."""
     name: str
     why: str
     model: dict
     train: TrainConfig
-    per_task: dict = field(default_factory=dict)
     seeds: tuple = (0,)
 
+    @property
+    def per_task(self) -> dict:
+        "{task: `TrainConfig` overrides} of this preset, read from the task registry (`Task.sizes`)."
+        return {name: sizes[self.name] for name, sizes in TaskTable("sizes").items() if self.name in sizes}
+
     def train_config(self, task: str) -> TrainConfig:
-        "The `TrainConfig` of this preset for `task`."
-        return replace(self.train, **self.per_task.get(task, {}))
+        "The `TrainConfig` of this preset for `task` (its registry sizes applied); KeyError for an unknown task."
+        return replace(self.train, **get_task(task).sizes.get(self.name, {}))
 
 
 PRESETS = {
@@ -108,15 +114,13 @@ PRESETS = {
         model=dict(d_model=64, n_heads=4, n_layers=2, dropout=0.1, n_levels=3),
         train=TrainConfig(epochs=5, batch_size=32, lr=1e-3, warmup_frac=0.1, n_val=1000, n_test=2000,
                           save_model=True),
-        per_task={"listops": dict(n_train=6000), "imdb": dict(n_train=2500, epochs=4),
-                  "scifar10": dict(n_train=2500, epochs=4)},
+        seeds=SEEDS,
     ),
     "paper": Preset(
         "paper", "the paper's comparison on one GPU: full data, 3 seeds, our one model for all three tasks (D = 128, 4 blocks)",
         model=dict(d_model=128, n_heads=4, n_layers=4, dropout=0.1, n_levels=3),
         train=TrainConfig(epochs=10, batch_size=32, lr=5e-4, warmup_frac=0.05, save_model=True),
-        per_task={"imdb": dict(epochs=32), "scifar10": dict(epochs=100, batch_size=64, lr=1e-3)},
-        seeds=(0, 1, 2),
+        seeds=SEEDS,
     ),
 }
 

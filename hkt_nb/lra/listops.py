@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._checks import check_int
+
 # the one check for the [lra] extra: hkt_nb.lra.benchmarks imports `datasets` from here
 with warnings.catch_warnings():  # tqdm.auto (imported by datasets) warns in Jupyter without ipywidgets
     warnings.filterwarnings("ignore", message="IProgress not found")
@@ -58,7 +60,7 @@ def generate_tree(rng: random.Random, depth: int = 1, max_depth: int = 10, max_a
         length += child_length
     return (rng.choice(LISTOPS_OPERATORS), children), length
 
-
+# %% ../../nbs/04a_listops.ipynb #06d95b1c
 def listops_value(tree) -> int:
     """Evaluate a tree with LRA's semantics: MIN, MAX, MED = `int(np.median(args))` (the mean of the two
     middle values, truncated, for an even count), SM = `sum(args) % 10`. Result in 0..9."""
@@ -72,7 +74,7 @@ def listops_value(tree) -> int:
     if op == "[SM": return sum(vals) % 10
     raise ValueError(f"unknown ListOps operator {op!r}")
 
-
+# %% ../../nbs/04a_listops.ipynb #e159501c
 def tree_to_source(tree, parens: bool = True) -> str:
     """The LRA `Source` string of a tree. With `parens=True` it is LRA's `to_string` output, e.g.
     `( ( ( [MAX 4 ) 3 ) ] )` for MAX(4, 3) (left-nested pairs); `parens=False` gives `[MAX 4 3 ]`."""
@@ -136,18 +138,6 @@ def _listops_chunk(args) -> list[tuple[str, int, int, int]]:
     return rows
 
 
-def _check_listops_params(n_examples, min_length, max_length, max_depth, max_args):
-    for name, value in dict(n_examples=n_examples, min_length=min_length, max_length=max_length,
-                            max_depth=max_depth, max_args=max_args).items():
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if n_examples < 0: raise ValueError(f"n_examples must be >= 0, got {n_examples}")
-    if max_depth < 1 or max_args < 2: raise ValueError(f"need max_depth >= 1 and max_args >= 2, got {max_depth}, {max_args}")
-    if min_length < 0 or max_length - min_length < 2:
-        raise ValueError(f"empty length window: need min_length < length < max_length, got {min_length}, {max_length}")
-    if max_depth == 1 and min_length >= 1:
-        raise ValueError("max_depth = 1 only produces single digits (length 1)")
-
 
 def _chunk_jobs(first_chunk, n_chunks, seed, stream, params, chunk_size):
     "Arguments of `_listops_chunk` for chunks first_chunk .. first_chunk + n_chunks - 1 (always whole chunks)."
@@ -186,7 +176,21 @@ def _generate_listops_rows(n_examples, params: dict, *, seed, stream=0, num_proc
             pool.terminate(); pool.join()  # at once, also on Ctrl-C (the results are already consumed)
     return rows
 
+# %% ../../nbs/04a_listops.ipynb #6f35cc46
+def _check_listops_params(n_examples, min_length, max_length, max_depth, max_args):
+    "The generator's arguments, each with `hkt_nb._checks.check_int`, then the two rules that involve several."
+    check_int("n_examples", n_examples, 0)
+    check_int("min_length", min_length, 0)
+    check_int("max_length", max_length, None)
+    check_int("max_depth", max_depth, 1)
+    check_int("max_args", max_args, 2)
+    if max_length - min_length < 2:
+        raise ValueError(f"min_length, max_length: empty length window, need min_length < length < max_length, "
+                         f"got {min_length}, {max_length}")
+    if max_depth == 1 and min_length >= 1:
+        raise ValueError("max_depth = 1 only produces single digits (length 1)")
 
+# %% ../../nbs/04a_listops.ipynb #1462d05b
 def make_listops(
     n_examples: int,  # distinct examples to return
     *,

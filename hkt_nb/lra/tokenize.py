@@ -5,6 +5,7 @@
 # %% ../../nbs/04b_tokenize.ipynb #fcd824f5
 from __future__ import annotations
 
+import io
 from typing import Iterable
 
 import numpy as np
@@ -15,7 +16,8 @@ PAD_ID = 0  # every task reserves token id 0 for padding, so key_padding_mask = 
 
 # %% auto #0
 __all__ = ['PAD_ID', 'LISTOPS_VOCAB', 'BYTE_VOCAB_SIZE', 'listops_encode', 'listops_decode', 'byte_encode', 'byte_decode',
-           'rgb_to_gray', 'image_encode', 'image_decode']
+           'rgb_to_gray', 'image_encode', 'image_decode', 'tokenise_listops', 'tokenise_text', 'tokenise_image',
+           'tokenise_ids']
 
 # %% ../../nbs/04b_tokenize.ipynb #35e32606
 LISTOPS_VOCAB = ["<pad>", *map(str, range(10)), *LISTOPS_OPERATORS, LISTOPS_END]
@@ -79,3 +81,28 @@ def image_decode(ids, rgb: bool = False, size: int = 32) -> np.ndarray:
     ids = np.asarray(ids, dtype=np.int64)
     pix = (ids - 1).astype(np.uint8)
     return pix.reshape(*ids.shape[:-1], size, size, 3) if rgb else pix.reshape(*ids.shape[:-1], size, size)
+
+# %% ../../nbs/04b_tokenize.ipynb #8714dfb1
+def tokenise_listops(batch: dict, setting: str = "paper") -> dict:
+    """A batch of LRA's ListOps rows (columns `Source`, `Target`) as token ids (`listops_encode`) and labels 0-9; the
+    generator's `setting` (an option of the task, passed to its tokeniser like every option) does not change them."""
+    return {"input_ids": [listops_encode(source) for source in batch["Source"]], "label": batch["Target"]}
+
+
+def tokenise_text(batch: dict) -> dict:
+    "A batch of reviews (columns `text`, `label`) as byte token ids (`byte_encode`, untruncated) and labels."
+    return {"input_ids": [byte_encode(text) for text in batch["text"]], "label": batch["label"]}
+
+
+def tokenise_image(batch: dict, rgb: bool = False) -> dict:
+    """A batch of images (column `img` of PNG bytes, `{"bytes": ...}` as `datasets.Image(decode=False)` gives them;
+    `label`) as an int64 array (B, 1024) of grayscale pixel ids (`image_encode`), or (B, 3072) with `rgb=True`."""
+    from PIL import Image  # Pillow comes with the [lra] extra
+
+    images = np.stack([np.asarray(Image.open(io.BytesIO(image["bytes"])).convert("RGB")) for image in batch["img"]])
+    return {"input_ids": image_encode(images, rgb), "label": batch["label"]}
+
+
+def tokenise_ids(batch: dict) -> dict:
+    "A batch whose column `input_ids` already holds token ids (the synthetic task): passed through with `label`."
+    return {"input_ids": batch["input_ids"], "label": batch["label"]}

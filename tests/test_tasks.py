@@ -1,0 +1,213 @@
+"""Tests for hkt_nb.lra.tasks (chapter 4, *The task registry*): the lookup and its errors, the record's checks, the
+views other modules read (benchmarks, presets, results grid, chapters, run plan), a toy task added and trained in
+the test itself, and no task-name comparison left in the library outside the registry."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+
+from hkt_nb.lra import tasks as T
+from hkt_nb.lra.listops import LISTOPS_SETTINGS
+from hkt_nb.lra.tokenize import BYTE_VOCAB_SIZE, LISTOPS_VOCAB
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- a toy task, defined in the test alone
+def toy_load(task, *, sizes, caps, seed, cache_root, data_dir=None):
+    """A few hundred examples built in memory: 24 words from {0, 1, 2}; the label says whether word 1 occurs more
+    often than word 2. Columns are the toy's own (`words`, `more_ones`), so that its tokeniser has work to do."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for split, n in (("train", 200), ("validation", 50), ("test", 50)):
+        n = min(x for x in (n, sizes[split], caps[split]) if x is not None)
+        words = rng.integers(0, 3, (n, 24))
+        more_ones = ((words == 1).sum(1) > (words == 2).sum(1)).astype(int)
+        out[split] = datasets.Dataset.from_dict({"words": words.tolist(), "more_ones": more_ones.tolist()})
+    return out
+
+
+def toy_tokenise(batch):
+    return {"input_ids": [[word + 1 for word in row] for row in batch["words"]], "label": batch["more_ones"]}
+
+
+def toy_task(**changes):
+    fields = dict(name="toy", n_classes=2, vocab_size=4, seq_len=24, load=toy_load, tokenise=toy_tokenise,
+                  sizes={"smoke": {"epochs": 1}}, models=("hkt", "mha"), chapter="99_toy", title="a toy task")
+    return T.Task(**{**fields, **changes})
+
+
+def test_a_toy_task_trains_and_reaches_the_results_grid(tmp_path, one_thread):
+    from hkt_nb.lra.config import PRESETS, SEQ_LEN, TASKS
+    from hkt_nb.lra.loop import train
+    from hkt_nb.lra.results import EXPECTED_MODELS, load_runs, run_grid
+
+    toy = toy_task()
+    with T.registered(toy):
+        assert "toy" in TASKS and SEQ_LEN["toy"] == 24 and EXPECTED_MODELS["toy"] == ("hkt", "mha")
+        assert PRESETS["smoke"].train_config("toy").epochs == 1 and T.chapters()[-1] == "99_toy"
+        record = train("toy", "hkt", "smoke", 0, device="cpu", results_dir=tmp_path, progress=False, verbose=False)
+        assert record["complete"] and record["run"] == "toy-hkt-smoke-seed0" and len(record["history"]) == 1
+        assert (record["data"]["vocab_size"], record["data"]["n_classes"], record["data"]["seq_len"]) == (4, 2, 24)
+        assert record["data"]["n_train"] == 200 and record["config"]["model"]["max_len"] == 24
+        with np.load(tmp_path / record["predictions_path"]) as arrays:
+            labels, predictions = arrays["labels"], arrays["predictions"]
+        truth = toy_load(toy, sizes=dict.fromkeys(("train", "validation", "test")), caps=dict.fromkeys(
+            ("train", "validation", "test")), seed=0, cache_root=None)["test"]["more_ones"]
+        assert labels.tolist() == truth and np.isclose(record["test_acc"], (predictions == labels).mean())
+        runs = load_runs(tmp_path, "smoke")  # conforms to the smoke preset as the registry defines the toy
+        assert list(runs) == ["toy-hkt-smoke-seed0"]
+        rows = [row for row in run_grid(tmp_path, runs, "smoke", seeds=(0,)) if row["task"] == "toy"]
+        assert rows == [{"task": "toy", "model": "hkt", "seed": 0, "status": "finished", "test_acc": record["test_acc"]},
+                        {"task": "toy", "model": "mha", "seed": 0, "status": "not yet run", "test_acc": None}]
+    assert "toy" not in T.TASKS and "toy" not in TASKS and "toy" not in EXPECTED_MODELS
+    with pytest.raises(KeyError, match="toy"):
+        PRESETS["smoke"].train_config("toy")
+
+
+def test_registered_restores_a_replaced_task():
+    original = T.get_task("imdb")
+    with T.registered(toy_task(name="imdb")):
+        assert T.get_task("imdb").title == "a toy task"
+    assert T.get_task("imdb") is original
+
+
+# ---------------------------------------------------------------- lookup and registration
+def test_unknown_task_is_a_key_error_listing_the_registered_ones():
+    with pytest.raises(KeyError, match="task") as caught:
+        T.get_task("pathfinder")
+    assert isinstance(caught.value, ValueError)  # callers that check arguments catch it too
+    assert all(name in str(caught.value) for name in ("listops", "scifar10", "imdb", "synthetic"))
+    with pytest.raises(KeyError, match="task"):
+        T.TaskTable("seq_len")["pathfinder"]
+    with pytest.raises(KeyError, match="task"):
+        T.TaskTable("models", benchmarks_only=True)["synthetic"]  # registered, but not a benchmark
+
+
+def test_register_refuses_a_taken_name_and_a_non_task():
+    with pytest.raises(ValueError, match="task"):
+        T.register_task(toy_task(name="listops"))
+    with pytest.raises(TypeError, match="task"):
+        T.register_task({"name": "toy"})
+    T.register_task(toy_task())
+    try:
+        assert T.get_task("toy").vocab_size == 4 and "toy" in T.BENCHMARKS
+    finally:
+        assert T.unregister_task("toy").name == "toy"
+    with pytest.raises(KeyError, match="task"):
+        T.unregister_task("toy")
+
+
+@pytest.mark.parametrize("changes, error, argument", [
+    (dict(name="my-task"), ValueError, "name"), (dict(name="Toy"), ValueError, "name"),
+    (dict(n_classes=1), ValueError, "n_classes"), (dict(n_classes=2.0), ValueError, "n_classes"),
+    (dict(vocab_size=70_000), ValueError, "vocab_size"), (dict(seq_len=0), ValueError, "seq_len"),
+    (dict(load="toy_load"), TypeError, "load"), (dict(tokenise=None), TypeError, "tokenise"),
+    (dict(sizes={"smoke": 1}), TypeError, "sizes"), (dict(pairs=(("hkt", "hkt_l1"),)), ValueError, "pairs"),
+    (dict(paper={"s4": (1.0, 0.1)}), ValueError, "paper")])
+def test_task_checks_its_fields(changes, error, argument):
+    with pytest.raises(error, match=argument):
+        toy_task(**changes)
+
+
+def test_pairs_default_to_the_first_model_against_each_other():
+    assert toy_task(models=("hkt", "mha", "hkt_l1")).pairs == (("hkt", "mha"), ("hkt", "hkt_l1"))
+    with pytest.raises(ValueError, match="field_name"):
+        T.TaskTable("colour")
+
+
+# ---------------------------------------------------------------- the book's tasks and what derives from them
+def test_the_registered_benchmarks():
+    assert tuple(T.BENCHMARKS) == ("listops", "scifar10", "imdb")  # the run queue's order: ListOps first
+    listops, scifar, imdb = (T.get_task(name) for name in T.BENCHMARKS)
+    assert (listops.vocab_size, listops.n_classes, listops.seq_len) == (len(LISTOPS_VOCAB), 10, 512)
+    assert listops.seq_len == LISTOPS_SETTINGS["paper"]["seq_len"] and listops.train_size == 96_000
+    assert (scifar.vocab_size, scifar.n_classes, scifar.seq_len, scifar.train_size) == (BYTE_VOCAB_SIZE, 10, 1024, 45_000)
+    assert (imdb.vocab_size, imdb.n_classes, imdb.seq_len, imdb.train_size) == (BYTE_VOCAB_SIZE, 2, 1024, 25_000 - 2_500)
+    assert all(not task.baselines for task in (listops, scifar, imdb))  # the slot, empty until the baselines exist
+    assert all((REPO / "nbs" / f"{chapter}.ipynb").is_file() for chapter in T.chapters())
+    assert T.get_task("synthetic").chapter is None and "synthetic" not in T.BENCHMARKS
+
+
+def test_chapters_and_plan_from_the_command_line(repo_root):
+    run = lambda *args: subprocess.run([sys.executable, "-m", "hkt_nb.lra.tasks", *args], capture_output=True,
+                                       text=True, cwd=repo_root, check=True).stdout.split("\n")
+    assert run("chapters")[0] == "06_listops 07_scifar10 08_imdb"
+    plan = [tuple(line.split()) for line in run("plan") if line]
+    assert plan == T.experiment_plan() and plan[:4] == [("listops", m) for m in ("hkt", "mha", "hkt_l1", "hkt_l2")]
+    assert [task for task, _ in plan] == sorted((t for t, _ in plan), key=list(T.BENCHMARKS).index)
+
+
+def test_presets_take_their_task_sizes_and_seeds_from_the_registry():
+    from hkt_nb.lra.config import PRESETS
+    from hkt_nb.lra.results import SEEDS
+
+    assert PRESETS["cpu"].seeds == PRESETS["paper"].seeds == SEEDS == T.SEEDS == (0, 1, 2)
+    for preset in PRESETS.values():
+        for name in T.TASKS:
+            wanted = T.get_task(name).sizes.get(preset.name, {})
+            assert {k: getattr(preset.train_config(name), k) for k in wanted} == wanted
+        assert preset.per_task == {n: t.sizes[preset.name] for n, t in T.TASKS.items() if preset.name in t.sizes}
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "results").glob("*-cpu-seed*.json")), ids=lambda p: p.stem)
+def test_committed_cpu_runs_have_the_registry_sizes(path):
+    "The per-task sizes moved into the registry unchanged: every committed cpu run was trained with them."
+    from hkt_nb.lra.config import PRESETS
+
+    record = json.loads(path.read_text())
+    wanted = PRESETS["cpu"].train_config(record["task"])
+    assert {k: record["config"]["train"][k] for k in ("n_train", "n_val", "n_test", "epochs", "batch_size")} == {
+        k: getattr(wanted, k) for k in ("n_train", "n_val", "n_test", "epochs", "batch_size")}
+
+
+# ---------------------------------------------------------------- no task-name comparison outside the registry
+NAMES = "|".join(("listops", "imdb", "scifar10", "cifar10", "synthetic"))
+COMPARISON = re.compile(rf"""[=!]=\s*["']({NAMES})["']|["']({NAMES})["']\s*[=!]=|\bin\s*[(\[{{][^)\]}}]*["']({NAMES})["']"""
+                        rf"""|\.startswith\(\s*["']({NAMES})""")
+
+
+def test_no_task_name_comparison_outside_the_registry():
+    found = []
+    for path in sorted((REPO / "hkt_nb").rglob("*.py")):
+        if path.name in ("tasks.py", "_modidx.py"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if COMPARISON.search(line.split("#")[0]):
+                found.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
+    assert found == [], "\n".join(found)
+    assert COMPARISON.search('name = "imdb" if task == "imdb" else "cifar10"')  # the pattern finds the old bug
+
+
+@pytest.mark.parametrize("path", ["Makefile", "scripts/build_book.py", "scripts/run_experiments.py", "scripts/tag_cells.py"])
+def test_build_files_hold_no_typed_task_list(path):
+    text = (REPO / path).read_text()
+    assert not re.search(r"0[678]_(listops|scifar10|imdb)|[\"'](listops|scifar10|imdb)[\"']", text), path
+
+
+def _script(repo_root, name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, repo_root / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_scripts_read_chapters_and_queue_from_the_registry(build_book, repo_root, tmp_path):
+    assert build_book.experiment_chapters() == tuple(T.chapters())
+    assert _script(repo_root, "tag_cells").chapters() == (*T.chapters(), "09_results", "10_cost")
+    runner = _script(repo_root, "run_experiments")
+    assert runner.plan() == T.experiment_plan()
+    todo = runner.queue("cpu", None, tmp_path)  # an empty results folder: every run of the plan, three seeds each
+    assert len(todo) == len(T.experiment_plan()) * len(T.SEEDS)
+    assert [task for task, _, _ in todo] == sorted((t for t, _, _ in todo), key=list(T.BENCHMARKS).index)
+    assert todo[:4] == [("listops", m, 0) for m in ("hkt", "mha", "hkt_l1", "hkt_l2")]
+    assert {task for task, _, _ in runner.queue("cpu", {"imdb"}, tmp_path)} == {"imdb"}
+    with pytest.raises(KeyError, match="task"):
+        runner.queue("cpu", {"pathfinder"}, tmp_path)
