@@ -7,20 +7,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, replace
-
-from hkt_nb.model import (
-    ClassifierConfig,
-    count_parameters,
-    match_parameters,
-    matched_mha_config,
-)
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from .listops import LISTOPS_SETTINGS
 
 # %% auto #0
-__all__ = ['TASKS', 'SEQ_LEN', 'AMP_MODES', 'EXECUTION_ONLY_FIELDS', 'PRESETS', 'MODELS', 'TrainConfig', 'Preset', 'get_preset',
-           'run_name', 'build_config', 'result_relevant', 'preset_differences', 'run_variant', 'conforms_to_preset']
+__all__ = ['TASKS', 'SEQ_LEN', 'AMP_MODES', 'EXECUTION_ONLY_FIELDS', 'PRESETS', 'ARMS', 'MODELS', 'RESULTS_VERSION',
+           'TrainConfig', 'Preset', 'get_preset', 'Arm', 'register_arm', 'get_arm', 'run_name', 'run_variant',
+           'build_config', 'result_relevant', 'preset_differences', 'conforms_to_preset', 'RunOptions', 'RunSpec',
+           'run_identity', 'split_keywords']
 
 # %% ../../nbs/05_train.ipynb #6c549d89
 TASKS = ("listops", "imdb", "scifar10")
@@ -130,45 +126,104 @@ def get_preset(preset: str | Preset) -> Preset:
     return PRESETS[preset]
 
 
-MODELS = ("hkt", "mha", "hkt_l1", "hkt_l2")  # the hierarchy ablation: HKT with 1 or 2 levels, same size
+# %% ../../nbs/05_train.ipynb #2ed18f5e
+@dataclass(frozen=True)
+class Arm:
+    """One model of an experiment, the `<model>` part of its run names: the attention variant `attention` (a name
+    of the core's variant registry, chapter 3) with the parameters `params` fixed over the preset's, sized by
+    `matched_to`: None keeps the preset's size, the name of another arm widens this one's MLP to that arm's
+    parameter count (`match_parameters`, chapter 3)."""
+    name: str
+    attention: str
+    params: dict = field(default_factory=dict)
+    matched_to: str | None = None
+    why: str = ""  # one line for the chapters
 
 
+#: The arms by name, in the order the chapters compare them (their plot colours follow this order).
+ARMS: dict[str, Arm] = {}
+
+
+def register_arm(arm: Arm) -> Arm:
+    """Add `arm` to `ARMS` (replacing an arm of the same name) and return it. Raises ValueError for a name that
+    cannot be part of a run name (empty, or with "-" or "/") and KeyError for a `matched_to` not registered."""
+    if not isinstance(arm.name, str) or not arm.name or any(c in arm.name for c in "-/ "):
+        raise ValueError(f"arm.name must be a non-empty name without '-', '/' or spaces, got {arm.name!r}")
+    if arm.matched_to is not None and arm.matched_to not in ARMS:
+        raise KeyError(f"arm.matched_to {arm.matched_to!r} is not a registered arm; registered: {sorted(ARMS)}")
+    ARMS[arm.name] = arm
+    return arm
+
+
+def get_arm(model: str) -> Arm:
+    "The arm named `model`; KeyError listing the registered arms for another name."
+    if model not in ARMS:
+        raise KeyError(f"model {model!r} is not a registered arm; registered: {sorted(ARMS)}")
+    return ARMS[model]
+
+
+register_arm(Arm("hkt", "hkt", why="the preset's HKT model"))
+register_arm(Arm("mha", "mha", matched_to="hkt", why="standard attention, MLP widened to HKT's parameter count"))
+for _levels in (1, 2):
+    register_arm(Arm(f"hkt_l{_levels}", "hkt", {"n_levels": _levels}, matched_to="hkt",
+                     why=f"HKT with {_levels} level(s), MLP widened to HKT's parameter count"))
+MODELS = tuple(ARMS)  # the built-in arms: the hierarchy ablation is HKT with 1 or 2 levels, same size
+
+# %% ../../nbs/05_train.ipynb #bc5f9c1e
 def run_name(
     task: str,
-    model: str,
+    model: str,  # an arm (`ARMS`)
     preset: str,  # the preset's name
     seed: int,
     variant: str | None = None,  # `run_variant` of a run that differs from its preset; None for the preset's own run
 ) -> str:
     """The name of a run: `<task>-<model>-<preset>-seed<k>` for a run of the preset itself, and
     `<task>-<model>-<preset>-<variant>-seed<k>` for a variant of it. Its results JSON is `<name>.json`, its test
-    predictions `predictions/<name>.npz`, its checkpoints `checkpoints/<name>/` (chapter 5, *Run names*)."""
+    predictions `predictions/<name>.npz`, its checkpoints `checkpoints/<name>/` (chapter 5, *Run names*). The one
+    rule for run names; this module imports no torch, so the results chapter and the run queue use it too."""
     return f"{task}-{model}-{preset}-{variant}-seed{seed}" if variant else f"{task}-{model}-{preset}-seed{seed}"
+
+
+def run_variant(differences: dict) -> str | None:
+    """The variant of a run that differs from its preset (`differences` from `preset_differences`): "x" and the first
+    6 hex digits of the SHA-1 of `differences` as sorted, compact JSON, so the same differences give the same name in
+    every process and on every machine; None when `differences` is empty (a run of the preset itself)."""
+    if not differences:
+        return None
+    text = json.dumps(differences, sort_keys=True, separators=(",", ":"))
+    return "x" + hashlib.sha1(text.encode()).hexdigest()[:6]
+
+# %% ../../nbs/05_train.ipynb #825f4d53
+def _arm_config(reference, arm: Arm):
+    "The reference (HKT) `ClassifierConfig` switched to the arm's attention variant and parameters."
+    return replace(reference, attention=arm.attention, **arm.params)
 
 
 def build_config(
     task: str,  # sets the sequence length `SEQ_LEN[task]` unless `seq_len` is given
-    model: str,  # one of `MODELS`
-    preset: Preset,  # its `model` fields configure HKT
+    model: str,  # an arm (`ARMS`)
+    preset: Preset,  # its `model` fields configure the reference (HKT) model
     vocab_size: int,
     n_classes: int,
     seq_len: int | None = None,
     **overrides,  # `ClassifierConfig` fields replacing the preset's
 ) -> ClassifierConfig:
-    """The `ClassifierConfig` of a run: the preset's model fields for "hkt"; for "mha" the standard-attention
-    model with the same parameter count (`matched_mha_config`); for "hkt_l1" / "hkt_l2" HKT with 1 / 2 levels,
-    its MLP widened by the same rule (`match_parameters`) to the parameter count of "hkt"."""
-    if model not in MODELS:
-        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
-    hkt = ClassifierConfig(vocab_size=vocab_size, n_classes=n_classes, max_len=seq_len or SEQ_LEN[task],
-                           attention="hkt", **{**preset.model, **overrides})
-    if model == "mha":
-        return matched_mha_config(hkt)
-    if model.startswith("hkt_l"):
-        return match_parameters(replace(hkt, n_levels=int(model[len("hkt_l"):])), count_parameters(hkt))
-    return hkt
+    """The `ClassifierConfig` of a run: the preset's model fields (with `overrides`) for HKT, switched to the arm's
+    variant and parameters (`Arm`), and widened to the parameter count of `arm.matched_to` when it has one (for
+    "mha" this is `matched_mha_config`). Raises KeyError for an unregistered `model`, and what `ClassifierConfig`
+    raises for a bad override."""
+    from hkt_nb.model import ClassifierConfig, count_parameters, match_parameters  # torch: only when a model is built
 
+    arm = get_arm(model)
+    reference = ClassifierConfig(vocab_size=vocab_size, n_classes=n_classes, max_len=seq_len or SEQ_LEN[task],
+                                 attention="hkt", **{**preset.model, **overrides})
+    config = _arm_config(reference, arm)
+    if arm.matched_to is None:
+        return config
+    target = build_config(task, arm.matched_to, preset, vocab_size, n_classes, seq_len, **overrides)
+    return match_parameters(config, count_parameters(target))
 
+# %% ../../nbs/05_train.ipynb #607e7724
 def result_relevant(train_config: TrainConfig) -> dict:
     "The fields of `train_config` that change what a run computes (all but `EXECUTION_ONLY_FIELDS`), as stored."
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(train_config).items()
@@ -200,33 +255,104 @@ def preset_differences(
         differences["dataset"] = dict(dataset_sizes)
     return json.loads(json.dumps(differences))  # tuples -> lists, as in the record
 
+# %% ../../nbs/05_train.ipynb #4f01da01
+#: Bumped (and said so in the commit) by a change that alters what runs compute; a record stores the version it was
+#: trained under (`"results_version"`, absent = 1) and conforms to a preset only under the current one.
+RESULTS_VERSION = 1
 
-def run_variant(differences: dict) -> str | None:
-    """The variant of a run that differs from its preset (`differences` from `preset_differences`): "x" and the first
-    6 hex digits of the SHA-1 of `differences` as sorted, compact JSON, so the same differences give the same name in
-    every process and on every machine; None when `differences` is empty (a run of the preset itself)."""
-    if not differences:
-        return None
-    text = json.dumps(differences, sort_keys=True, separators=(",", ":"))
-    return "x" + hashlib.sha1(text.encode()).hexdigest()[:6]
+
+def _stored_train(stored: dict, config_class=TrainConfig) -> dict:
+    "A stored training configuration read back through `config_class` (missing fields: their defaults), as stored."
+    return result_relevant(config_class(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}))
+
+
+def _stored_model(stored: dict) -> dict:
+    "A stored model configuration read back through `ClassifierConfig` (missing fields: their defaults), as JSON."
+    from hkt_nb.model import ClassifierConfig  # torch: only when a record is checked
+    return json.loads(json.dumps(ClassifierConfig(**stored).to_dict()))
 
 
 def conforms_to_preset(
     record: dict,  # a results record (chapter 5: `"task"`, `"model"`, `"preset"`, `"config"`, `"data"`)
     preset: str | Preset,  # the preset (or its name) as it is today
 ) -> bool:
-    """Whether `record` is a run of `preset` as the preset is defined today: no variant, the preset's name, and
-    exactly the model configuration and result-relevant training configuration (`result_relevant`) the preset
-    gives for the record's task and model. Execution-only fields are not compared. A record missing any of these
-    is not conforming. The one comparison behind `finished_run` (reuse) and `load_runs` (the results tables)."""
+    """Whether `record` is a run of `preset` as the preset is defined today: no variant, the preset's name, the current
+    `RESULTS_VERSION`, and the model configuration and result-relevant training configuration the preset gives for the
+    record's task and model, both compared after reading the stored ones back through their dataclasses (a field
+    added with a default since the record was written takes its default). Execution-only fields are not compared. A
+    record missing any of these is not conforming. The one comparison behind `finished_run` (reuse) and `load_runs`
+    (the results tables)."""
     preset = get_preset(preset)
     try:
         if record.get("variant") or record.get("overrides") or record["preset"] != preset.name:
             return False
+        if record.get("results_version", 1) != RESULTS_VERSION:
+            return False
         task, data = record["task"], record["data"]
+        wanted = preset.train_config(task)
         model = build_config(task, record["model"], preset, data["vocab_size"], data["n_classes"]).to_dict()
-        stored_train = record["config"]["train"]
-        same_train = all(stored_train.get(k) == v for k, v in result_relevant(preset.train_config(task)).items())
-        return same_train and record["config"]["model"] == json.loads(json.dumps(model))
+        same_train = _stored_train(record["config"]["train"], type(wanted)) == result_relevant(wanted)
+        return same_train and _stored_model(record["config"]["model"]) == json.loads(json.dumps(model))
     except (KeyError, TypeError, ValueError):
         return False
+
+# %% ../../nbs/05_train.ipynb #5e6b3911
+@dataclass(frozen=True)
+class RunOptions:
+    "How a run executes (never what it computes): where it reads and writes, resumption and output."
+    device: str = "auto"  # "auto", "cpu" or "cuda[:k]"
+    data_dir: str | os.PathLike | None = None  # local data (default `$HKT_DATA_DIR`, chapter 4)
+    results_dir: str | os.PathLike = "results"  # where `<run>.json`, predictions/ and checkpoints/ go
+    checkpoint_dir: str | os.PathLike | None = None  # per-epoch checkpoints; default `<results_dir>/checkpoints/<run>`
+    resume: bool = True  # continue from a checkpoint of the same configuration
+    progress: bool | None = None  # a tqdm bar per epoch (None: where tqdm can draw one, e.g. a terminal)
+    verbose: bool = True  # print one line per epoch
+    stop_after: int | None = None  # end this call after that many epochs in total (rerun to resume)
+    time_budget_s: float | None = None  # stop cleanly between two steps after this many seconds of this call
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What a run computes: task, model (an arm), preset and seed, plus overrides of the preset and an optional
+    dataset. Anything here that changes what the preset computes makes the run a variant of it (`run_identity`)."""
+    task: str  # "listops", "imdb", "scifar10" or "synthetic"
+    model: str = "hkt"  # an arm (`ARMS`)
+    preset: str | Preset = "smoke"
+    seed: int = 0
+    epochs: int | None = None  # overrides the preset's epochs (None = the preset's)
+    dataset: object = None  # a ready `DatasetDict` (train / validation / test) instead of loading `task`
+    model_overrides: dict | None = None  # fields of the preset's model to replace
+    train_overrides: dict | None = None  # fields of the preset's `TrainConfig` to replace
+
+    def train_config(self) -> TrainConfig:
+        "The preset's `TrainConfig` for the task, with this run's epochs and overrides."
+        overrides = dict(self.train_overrides or {})
+        if self.epochs is not None:
+            overrides["epochs"] = self.epochs
+        return replace(get_preset(self.preset).train_config(self.task), **overrides)
+
+# %% ../../nbs/05_train.ipynb #5d9c1beb
+def run_identity(spec: RunSpec) -> tuple[str, dict]:
+    """`(name, differences)` of a run: `differences` is what it computes differently from its preset
+    (`preset_differences` of its training configuration, model overrides and, for a given dataset, the sizes of
+    its splits), and `name` is `run_name` with the variant `run_variant(differences)`: exactly
+    `<task>-<model>-<preset>-seed<k>` for a run of the preset itself (differences `{}`), else
+    `<task>-<model>-<preset>-<variant>-seed<k>`. Raises ValueError / TypeError for an unknown preset or a bad
+    override (chapter 5, *Run names*)."""
+    preset = get_preset(spec.preset)
+    sizes = None if spec.dataset is None else {split: len(spec.dataset[split])
+                                                for split in ("train", "validation", "test") if split in spec.dataset}
+    differences = preset_differences(spec.task, preset, spec.train_config(), spec.model_overrides, sizes)
+    return run_name(spec.task, spec.model, preset.name, spec.seed, run_variant(differences)), differences
+
+
+def split_keywords(keywords: dict) -> tuple[dict, dict]:
+    "Keyword arguments of `train` sorted into `RunSpec` and `RunOptions` fields (TypeError for any other)."
+    spec_fields = {f.name for f in fields(RunSpec)} - {"task", "model", "preset", "seed"}
+    option_fields = {f.name for f in fields(RunOptions)}
+    unknown = sorted(set(keywords) - spec_fields - option_fields)
+    if unknown:
+        raise TypeError(f"train() got unexpected keyword argument(s) {unknown}; "
+                        f"allowed: {sorted(spec_fields | option_fields)}")
+    return ({k: v for k, v in keywords.items() if k in spec_fields},
+            {k: v for k, v in keywords.items() if k in option_fields})
