@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .downsampling import Pyramid, check_bool, check_dropout, check_heads, check_int
+from ._checks import check_bool, check_heads, check_int, check_probability
+from .downsampling import Pyramid
 
 # %% auto #0
 __all__ = ['check_attention_inputs', 'split_heads', 'merge_heads', 'attention_mask', 'level_scores', 'upsample_index',
@@ -242,7 +243,7 @@ class HierarchicalAttention(nn.Module):
                  bias: bool = True):  # biases of the projections and convolutions
         super().__init__()
         check_heads(d_model, n_heads), check_int("n_levels", n_levels, 1), check_int("stride", stride, 2)
-        check_bool("causal", causal), check_dropout("dropout", dropout), check_bool("bias", bias)
+        check_bool("causal", causal), check_probability("dropout", dropout), check_bool("bias", bias)
         check_int("conv_kernel_size", conv_kernel_size, 1)
         if kernel_size is not None:
             check_int("kernel_size", kernel_size, stride)
@@ -475,7 +476,7 @@ class MultiHeadAttention(nn.Module):
                  dropout: float = 0.0,  # dropout on the attention probabilities, in [0, 1)
                  bias: bool = True):  # biases of the projections
         super().__init__()
-        check_heads(d_model, n_heads), check_bool("causal", causal), check_dropout("dropout", dropout)
+        check_heads(d_model, n_heads), check_bool("causal", causal), check_probability("dropout", dropout)
         check_bool("bias", bias)
         self.d_model, self.n_heads, self.head_dim, self.causal, self.dropout = d_model, n_heads, d_model // n_heads, causal, dropout
         self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)

@@ -11,7 +11,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from .downsampling import check_int, level_lengths
+from ._checks import check_heads, check_int
+from .downsampling import level_lengths
 
 # %% auto #0
 __all__ = ['score_cost_ratio', 'score_flops', 'mha_flops', 'hkt_flops', 'count_flops', 'flop_counter_excess',
@@ -44,8 +45,7 @@ def score_flops(
 
 
 def _check_dims(B, T, D, H):
-    if min(B, T, D, H) < 1 or D % H:
-        raise ValueError(f"need positive B, T, D, H with H dividing D, got B={B}, T={T}, D={D}, H={H}")
+    check_int("B", B), check_int("T", T), check_heads(D, H)
 
 
 def mha_flops(

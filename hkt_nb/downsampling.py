@@ -9,61 +9,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# check_heads and check_dropout are re-exported for modules that still import them from here
+from ._checks import check_bool, check_heads, check_int  # noqa: F401
+from ._checks import check_probability as check_dropout  # noqa: F401
+
 # %% auto #0
-__all__ = ['check_int', 'check_bool', 'check_dropout', 'check_heads', 'level_lengths', 'CausalDownsample', 'coarsen_padding_mask',
-           'Pyramid', 'receptive_field']
-
-# %% ../nbs/01_downsampling.ipynb #736a0f88
-def check_int(
-    name: str,  # the argument's name, quoted in the error
-    value,  # the value to check
-    minimum: int,  # smallest allowed value
-    maximum: int | None = None,  # largest allowed value (None: no upper bound)
-) -> int:  # `value`, unchanged
-    """Check that `value` is an `int` (not a bool) in `[minimum, maximum]`.
-
-    Raises `TypeError` (not an integer) or `ValueError` (out of range), naming `name` and the allowed range."""
-    allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an integer {allowed}, got {value!r} ({type(value).__name__})")
-    if value < minimum or (maximum is not None and value > maximum):
-        raise ValueError(f"{name} must be an integer {allowed}, got {value}")
-    return value
-
-
-def check_bool(
-    name: str,  # the argument's name, quoted in the error
-    value,  # the value to check
-) -> bool:  # `value`, unchanged
-    "Check that `value` is a `bool`; raises `TypeError` naming `name` otherwise."
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
-    return value
-
-# %% ../nbs/01_downsampling.ipynb #beb8722e
-from numbers import Real
-
-
-def check_dropout(
-    name: str,  # the argument's name, quoted in the error
-    value,  # the probability to check
-) -> float:  # `value` as a float
-    "Check a dropout probability: a real number in [0, 1). Raises `TypeError` / `ValueError` naming `name`."
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a probability in [0, 1), got {value!r} ({type(value).__name__})")
-    if not 0 <= value < 1:
-        raise ValueError(f"{name} must be a probability in [0, 1), got {value}")
-    return float(value)
-
-
-def check_heads(
-    d_model: int,  # model width D >= 1
-    n_heads: int,  # number of heads H, 1 <= H <= D, dividing D
-) -> None:
-    "Check `d_model` and `n_heads` (H divides D). Raises `TypeError` / `ValueError` naming the argument."
-    check_int("d_model", d_model, 1), check_int("n_heads", n_heads, 1, d_model)
-    if d_model % n_heads:
-        raise ValueError(f"n_heads must divide d_model={d_model}, got n_heads={n_heads}")
+__all__ = ['level_lengths', 'CausalDownsample', 'coarsen_padding_mask', 'Pyramid', 'receptive_field']
 
 # %% ../nbs/01_downsampling.ipynb #ab6e70d0
 def level_lengths(

@@ -5,23 +5,115 @@
 # %% ../nbs/03_model.ipynb #020ee9e0
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+import functools
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from typing import Callable
 
 import torch
 from torch import nn
 
+from ._checks import check_bool, check_choice, check_heads, check_int, check_probability
 from .attention import HierarchicalAttention, MultiHeadAttention, add_to_class
-from .downsampling import check_bool, check_dropout, check_heads, check_int
 
 # %% auto #0
-__all__ = ['ClassifierConfig', 'make_attention', 'EncoderBlock', 'masked_mean', 'HKTClassifier', 'forward', 'attention_layers',
-           'from_checkpoint', 'count_parameters', 'match_parameters', 'matched_mha_config']
+__all__ = ['ATTENTION_VARIANTS', 'FLAT_HKT_FIELDS', 'AttentionVariant', 'register_attention', 'get_attention_variant',
+           'HKTParams', 'MHAParams', 'ClassifierConfig', 'make_attention', 'EncoderBlock', 'masked_mean',
+           'HKTClassifier', 'forward', 'attention_layers', 'from_checkpoint', 'count_parameters', 'match_parameters',
+           'matched_mha_config', 'check_input_ids']
+
+# %% ../nbs/03_model.ipynb #77b5d63b
+@dataclass(frozen=True)
+class AttentionVariant:
+    "One registered attention layer: how to build it, its own parameters, and what to record of it."
+    name: str  # the name a `ClassifierConfig` uses (`attention=`)
+    build: Callable[..., nn.Module]  # (d_model, n_heads, causal, attn_dropout, params) -> layer
+    params: type  # frozen dataclass of the variant's own parameters, every field with a default
+    internals: Callable[[nn.Module], dict] | None = None  # layer -> {name: tensor} of learned internals
+
+    def fill(self, given: dict) -> dict:
+        """`given` with the defaults of the missing parameters filled in and every value checked (by `params`).
+        Raises `ValueError` naming an unknown key and the variant."""
+        own = [f.name for f in fields(self.params)]
+        unknown = sorted(set(given) - set(own))
+        if unknown:
+            raise ValueError(f"attention_params has unknown key(s) {unknown} for attention={self.name!r}; "
+                             f"its parameters are {own}")
+        return asdict(self.params(**given))
+
+
+ATTENTION_VARIANTS: dict[str, AttentionVariant] = {}
+
+
+def register_attention(
+    name: str,  # the variant's name (a registered name is replaced)
+    build: Callable[..., nn.Module],  # build(d_model, n_heads, causal, attn_dropout, params) -> nn.Module
+    params: type,  # frozen dataclass of the variant's parameters, all with defaults
+    internals: Callable[[nn.Module], dict] | None = None,  # optional: layer -> dict of learned internals
+) -> AttentionVariant:
+    """Register an attention variant under `name` in `ATTENTION_VARIANTS` and return its entry. The layer built
+    must have `forward(x, key_padding_mask=None, impl="fused")` mapping (B, T, D) to (B, T, D).
+    Raises `TypeError` naming a bad argument (not a string, not callable, not a dataclass with defaults)."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty string, got {name!r}")
+    if not callable(build):
+        raise TypeError(f"build must be callable, got {type(build).__name__}")
+    if not (isinstance(params, type) and is_dataclass(params)):
+        raise TypeError(f"params must be a dataclass type, got {params!r}")
+    params()  # every field has a default (raises TypeError otherwise)
+    if internals is not None and not callable(internals):
+        raise TypeError(f"internals must be callable or None, got {type(internals).__name__}")
+    ATTENTION_VARIANTS[name] = AttentionVariant(name, build, params, internals)
+    return ATTENTION_VARIANTS[name]
+
+
+def get_attention_variant(name: str) -> AttentionVariant:
+    "The registered variant `name`; raises `KeyError` listing the registered names."
+    if name not in ATTENTION_VARIANTS:
+        raise KeyError(f"attention variant {name!r} is not registered; registered: {sorted(ATTENTION_VARIANTS)}")
+    return ATTENTION_VARIANTS[name]
+
+# %% ../nbs/03_model.ipynb #8f95ed21
+@dataclass(frozen=True)
+class HKTParams:
+    "The parameters of the `\"hkt\"` variant (`HierarchicalAttention`, chapter *Hierarchical attention*)."
+    n_levels: int = 3  # levels L >= 1 (1: standard attention plus the hybrid convolution)
+    stride: int = 2  # stride s >= 2
+    kernel_size: int | None = None  # downsampling kernel k >= s (None: k = s)
+    conv_kernel_size: int = 3  # hybrid convolution width >= 1
+
+    def __post_init__(self):
+        check_int("n_levels", self.n_levels), check_int("stride", self.stride, 2)
+        check_int("kernel_size", self.kernel_size, self.stride, allow_none=True)
+        check_int("conv_kernel_size", self.conv_kernel_size)
+
+
+@dataclass(frozen=True)
+class MHAParams:
+    "The `\"mha\"` variant (`MultiHeadAttention`) has no parameters of its own."
+
+
+def _build_hkt(d_model, n_heads, causal, attn_dropout, p: HKTParams) -> HierarchicalAttention:
+    return HierarchicalAttention(d_model, n_heads, p.n_levels, p.stride, causal, attn_dropout, p.kernel_size,
+                                 p.conv_kernel_size)
+
+
+def _hkt_internals(layer: HierarchicalAttention) -> dict:
+    return {"lambdas": layer.lambdas.detach(), "gates": layer.gates.detach()}
+
+
+def _build_mha(d_model, n_heads, causal, attn_dropout, p: MHAParams) -> MultiHeadAttention:
+    return MultiHeadAttention(d_model, n_heads, causal, attn_dropout)
+
+
+register_attention("hkt", _build_hkt, HKTParams, _hkt_internals)
+register_attention("mha", _build_mha, MHAParams);
 
 # %% ../nbs/03_model.ipynb #8bc3ea26
 @dataclass
 class ClassifierConfig:
     """Hyper-parameters of `HKTClassifier`, checked when the config is built (`TypeError` / `ValueError` naming
-    the field and its allowed range). `d_ff` defaults to 4 d_model."""
+    the field and its allowed range). `d_ff` defaults to 4 d_model; `attention_params` is filled with the
+    variant's defaults (an unknown key is a `ValueError` naming it and the variant)."""
     vocab_size: int  # number of token ids, >= 1
     n_classes: int  # number of labels, >= 1
     max_len: int = 1024  # longest sequence T accepted, >= 1
@@ -31,36 +123,49 @@ class ClassifierConfig:
     d_ff: int | None = None  # MLP width, >= 1 (None: 4 D)
     dropout: float = 0.1  # on embeddings, residual branches and MLPs, in [0, 1)
     attn_dropout: float = 0.0  # on attention probabilities, in [0, 1)
-    attention: str = "hkt"  # "hkt" or "mha"
-    n_levels: int = 3  # HKT levels L >= 1 (HKT only)
-    stride: int = 2  # HKT stride s >= 2 (HKT only)
-    kernel_size: int | None = None  # HKT downsampling kernel k >= s (HKT only; None: k = s)
-    conv_kernel_size: int = 3  # HKT hybrid convolution width >= 1 (HKT only)
     causal: bool = False  # autoregressive attention
+    attention: str = "hkt"  # a name registered in `ATTENTION_VARIANTS`
+    attention_params: dict = field(default_factory=dict)  # the variant's own parameters (defaults filled in)
 
     def __post_init__(self):
-        if self.attention not in ("hkt", "mha"):
-            raise ValueError(f'attention must be "hkt" or "mha", got {self.attention!r}')
+        check_choice("attention", self.attention, ATTENTION_VARIANTS)
         check_heads(self.d_model, self.n_heads)
-        if self.d_ff is None:
-            self.d_ff = 4 * self.d_model
-        for name in ("vocab_size", "n_classes", "max_len", "n_layers", "d_ff", "n_levels", "conv_kernel_size"):
-            check_int(name, getattr(self, name), 1)
-        check_int("stride", self.stride, 2)
-        if self.kernel_size is not None:
-            check_int("kernel_size", self.kernel_size, self.stride)
-        check_dropout("dropout", self.dropout), check_dropout("attn_dropout", self.attn_dropout)
+        self.d_ff = 4 * self.d_model if self.d_ff is None else self.d_ff
+        for name in ("vocab_size", "n_classes", "max_len", "n_layers", "d_ff"):
+            check_int(name, getattr(self, name))
+        check_probability("dropout", self.dropout), check_probability("attn_dropout", self.attn_dropout)
         check_bool("causal", self.causal)
+        if not isinstance(self.attention_params, dict):
+            raise TypeError(f"attention_params must be a dict, got {type(self.attention_params).__name__}")
+        self.attention_params = self.variant.fill(self.attention_params)
 
-    to_dict = asdict
+    @property
+    def variant(self) -> AttentionVariant:
+        "The registered attention variant this config names."
+        return get_attention_variant(self.attention)
+
+    def to_dict(self) -> dict:
+        "JSON-ready fields, the variant's parameters filled in; `from_dict` inverts it."
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ClassifierConfig:
+        """The config of `d`: the form `to_dict` writes, or the flat form of records written before the variant
+        registry (`n_levels`, `stride`, `kernel_size`, `conv_kernel_size` at top level; dropped for a variant
+        without them). Raises `TypeError` (not a dict) or `ValueError` naming an unknown key."""
+        if not isinstance(d, dict):
+            raise TypeError(f"d must be a dict, got {type(d).__name__}")
+        d = _fold_flat_params(d)
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"d has unknown key(s) {unknown}; ClassifierConfig fields are {[f.name for f in fields(cls)]}")
+        return cls(**d)
 
 # %% ../nbs/03_model.ipynb #bb953763
 def make_attention(cfg: ClassifierConfig) -> nn.Module:
-    "The attention layer `cfg` asks for: `HierarchicalAttention` or the `MultiHeadAttention` baseline."
-    if cfg.attention == "hkt":
-        return HierarchicalAttention(cfg.d_model, cfg.n_heads, cfg.n_levels, cfg.stride, cfg.causal, cfg.attn_dropout,
-                                     cfg.kernel_size, cfg.conv_kernel_size)
-    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.causal, cfg.attn_dropout)
+    "The attention layer `cfg` asks for, built by its registered variant (`ATTENTION_VARIANTS`)."
+    variant = cfg.variant
+    return variant.build(cfg.d_model, cfg.n_heads, cfg.causal, cfg.attn_dropout, variant.params(**cfg.attention_params))
 
 
 class EncoderBlock(nn.Module):
@@ -116,23 +221,12 @@ class HKTClassifier(nn.Module):
         nn.init.normal_(self.tok_emb.weight, std=0.02)
         nn.init.normal_(self.pos_emb.weight, std=0.02)
 
-    def _check(self, input_ids):
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"input_ids must be an integer tensor (B, T), got {getattr(input_ids, 'dtype', type(input_ids))}")
-        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
-            raise ValueError(f"input_ids must have shape (B, T) with T >= 1, got {tuple(input_ids.shape)}")
-        if input_ids.shape[1] > self.cfg.max_len:
-            raise ValueError(f"sequence length {input_ids.shape[1]} exceeds max_len={self.cfg.max_len}")
-        if torch.compiler.is_compiling():  # value checks (host syncs, graph breaks) in eager mode only
-            return
-        if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.cfg.vocab_size):
-            raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), got [{int(input_ids.min())}, {int(input_ids.max())}]")
 
 # %% ../nbs/03_model.ipynb #3d80f3ce
 @add_to_class(HKTClassifier)
 def forward(self, input_ids: torch.Tensor, key_padding_mask: torch.Tensor | None = None, impl: str = "fused"):
-    "Logits (B, n_classes) of input_ids (B, T); see the class docstring for the checks and errors."
-    self._check(input_ids)
+    "Logits (B, n_classes) of input_ids (B, T); the ids are checked first (`check_input_ids`)."
+    check_input_ids(input_ids, self.cfg.vocab_size, self.cfg.max_len)
     pos = torch.arange(input_ids.shape[1], device=input_ids.device)
     x = self.drop(self.tok_emb(input_ids) + self.pos_emb(pos))
     for block in self.blocks:
@@ -149,14 +243,14 @@ def attention_layers(self) -> list[nn.Module]:
 @add_to_class(HKTClassifier)
 @classmethod
 def from_checkpoint(cls, path, map_location="cpu") -> "HKTClassifier":
-    """The model saved in a checkpoint file `path` (a dict with "config", the `ClassifierConfig` fields, and
+    """The model saved in a checkpoint file `path` (a dict with "config", a `ClassifierConfig.to_dict()` (or the flat form of older checkpoints), and
     "state_dict"; the training chapter's `results/checkpoints/<run>.pt`), in eval mode.
     Raises `FileNotFoundError` when `path` does not exist. Loads with `weights_only=True` (no pickled code)."""
     import os
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} not found: train with save_model=True (the cpu and paper presets do)")
     blob = torch.load(path, map_location=map_location, weights_only=True)
-    model = cls(ClassifierConfig(**blob["config"]))
+    model = cls(ClassifierConfig.from_dict(blob["config"]))
     model.load_state_dict(blob["state_dict"])
     return model.eval()
 
@@ -182,5 +276,60 @@ def match_parameters(cfg: ClassifierConfig, target: int) -> ClassifierConfig:
 def matched_mha_config(cfg: ClassifierConfig) -> ClassifierConfig:
     """The standard-attention config with the parameter count of `cfg`: same D, H, layers and everything else,
     MLP width `d_ff` chosen by `match_parameters` (the counts differ by at most n_layers (2D+1)/2)."""
-    return match_parameters(replace(cfg, attention="mha"), count_parameters(cfg))
+    return match_parameters(replace(cfg, attention="mha", attention_params={}), count_parameters(cfg))
 
+
+# %% ../nbs/03_model.ipynb #35af2e19
+def check_input_ids(
+    input_ids: torch.Tensor,  # (B, T) integer token ids
+    vocab_size: int,  # ids must lie in [0, vocab_size)
+    max_len: int,  # T <= max_len
+) -> None:
+    """Check the classifier's input: an integer tensor (B, T) with 1 <= T <= max_len and ids in [0, vocab_size).
+    The value check (ids in range) runs in eager mode only (skipped under `torch.compile`: no host sync).
+    Raises `TypeError` (dtype) or `ValueError` (shape, length, ids); the message starts with `input_ids`."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"input_ids must be an integer tensor (B, T), got {getattr(input_ids, 'dtype', type(input_ids))}")
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must have shape (B, T) with T >= 1, got {tuple(input_ids.shape)}")
+    if input_ids.shape[1] > max_len:
+        raise ValueError(f"input_ids has length {input_ids.shape[1]}, more than max_len={max_len}")
+    if torch.compiler.is_compiling():  # value checks (host syncs, graph breaks) in eager mode only
+        return
+    if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= vocab_size):
+        raise ValueError(f"input_ids (token ids) must lie in [0, {vocab_size}), "
+                         f"got [{int(input_ids.min())}, {int(input_ids.max())}]")
+
+# %% ../nbs/03_model.ipynb #a7776434
+FLAT_HKT_FIELDS = ("n_levels", "stride", "kernel_size", "conv_kernel_size")  # the pre-registry flat config's
+
+
+def _fold_flat_params(d: dict) -> dict:
+    "`d` (config keywords) with the flat `FLAT_HKT_FIELDS` moved into `attention_params` (they win over it)."
+    flat = {k: d[k] for k in FLAT_HKT_FIELDS if k in d}
+    if not flat:
+        return d
+    d = {k: v for k, v in d.items() if k not in flat}
+    variant = ATTENTION_VARIANTS.get(d.get("attention", "hkt"))
+    own = {f.name for f in fields(variant.params)} if variant else set(flat)
+    d["attention_params"] = {**d.get("attention_params", {}), **{k: v for k, v in flat.items() if k in own}}
+    return d
+
+
+def _accept_flat_params(init):
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **_fold_flat_params(kwargs))
+    return __init__
+
+
+def _read_flat_param(self, name):
+    "`cfg.n_levels` and the other flat names read `cfg.attention_params` (for code written before the registry)."
+    params = self.__dict__.get("attention_params", {})
+    if name in FLAT_HKT_FIELDS and name in params:
+        return params[name]
+    raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+ClassifierConfig.__init__ = _accept_flat_params(ClassifierConfig.__init__)
+ClassifierConfig.__getattr__ = _read_flat_param

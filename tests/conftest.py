@@ -7,6 +7,8 @@
 - `build_book`: scripts/build_book.py, imported as the module `build_book`.
 - `padded_batch`, `randomise`: factories of a right-padded float64 batch and of random layer parameters.
 - `one_thread`: one torch thread for the test (deterministic, not slowed by other jobs on a 2-core machine).
+- `attention_registry`: `hkt_nb.model.ATTENTION_VARIANTS`, restored after the test (for tests that register a variant).
+- `committed_records`: the results records committed under results/ (`(path, record)` pairs with a model config).
 - autouse: torch seeded with 0 before every test; every cache (`HKT_CACHE_DIR`) in one temporary folder per
   session, never the user's cache.
 Markers (registered in pyproject.toml): `slow` (> ~10 s; CI runs them, `-m "not slow"` skips them locally)
@@ -120,3 +122,21 @@ def padded_batch():
 def randomise():
     "Factory fixture: `randomise(module, std=0.3)` fills every parameter with N(0, std^2) and returns the module."
     return _randomise
+
+
+@pytest.fixture
+def attention_registry():
+    "`ATTENTION_VARIANTS`, restored to its entries after the test: a test may register its own variant."
+    from hkt_nb.model import ATTENTION_VARIANTS
+    saved = dict(ATTENTION_VARIANTS)
+    yield ATTENTION_VARIANTS
+    ATTENTION_VARIANTS.clear()
+    ATTENTION_VARIANTS.update(saved)
+
+
+@pytest.fixture(scope="session")
+def committed_records() -> list:
+    "Every committed results record (results/*.json) that holds a model config, as (path, record) pairs."
+    import json
+    records = [(p, json.loads(p.read_text())) for p in sorted((REPO_ROOT / "results").glob("*.json"))]
+    return [(p, r) for p, r in records if "model" in r.get("config", {})]

@@ -55,7 +55,7 @@ BAD_ARGUMENTS += [(ClassifierConfig, CONFIG, name, value, error, words) for name
     ("vocab_size", 0, ValueError, ">= 1"), ("n_classes", 0, ValueError, ">= 1"), ("max_len", 0, ValueError, ">= 1"),
     ("d_model", 0, ValueError, ">= 1"), ("n_heads", 3, ValueError, "divide"), ("n_layers", 0, ValueError, ">= 1"),
     ("d_ff", 0, ValueError, ">= 1"), ("dropout", 1.0, ValueError, "[0, 1)"), ("attn_dropout", -0.1, ValueError, "[0, 1)"),
-    ("attention", "rnn", ValueError, '"hkt" or "mha"'), ("n_levels", 0, ValueError, ">= 1"),
+    ("attention", "rnn", ValueError, "'hkt', 'mha'"), ("n_levels", 0, ValueError, ">= 1"),
     ("stride", 1, ValueError, ">= 2"), ("kernel_size", 1, ValueError, ">= 2"),
     ("conv_kernel_size", 0, ValueError, ">= 1"), ("causal", "yes", TypeError, "True or False"),
     ("vocab_size", 20.5, TypeError, "integer")]]

@@ -1,14 +1,20 @@
 """Tests of hkt_nb.model and hkt_nb.cost."""
+import json
+from dataclasses import dataclass, replace
+
 import pytest
 import torch
+from torch import nn
 
 from hkt_nb.cost import score_cost_ratio
 from hkt_nb.model import (
     ClassifierConfig,
     HKTClassifier,
     count_parameters,
+    get_attention_variant,
     masked_mean,
     matched_mha_config,
+    register_attention,
 )
 
 
@@ -63,3 +69,88 @@ def test_fully_padded_sequence_gives_finite_logits_and_grads():
     loss = model(ids, kpm).logsumexp(-1).sum()
     loss.backward()
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+# --- the attention-variant registry and the config's two forms (issue 22)
+
+def test_every_committed_record_config_builds_with_its_parameter_count(committed_records):
+    assert len(committed_records) >= 20
+    for path, record in committed_records:
+        legacy = record["config"]["model"]
+        cfg = ClassifierConfig.from_dict(legacy)
+        assert count_parameters(cfg) == record["n_params"], path.name
+        assert ClassifierConfig.from_dict(cfg.to_dict()).to_dict() == cfg.to_dict(), path.name
+        assert ClassifierConfig(**legacy) == cfg, path.name  # the flat keywords, while lra passes them
+        if legacy["attention"] == "hkt":
+            assert cfg.attention_params["n_levels"] == legacy["n_levels"]
+        else:
+            assert cfg.attention_params == {}
+
+
+def test_committed_checkpoint_loads_in_eval_mode_with_finite_outputs(repo_root):
+    path = repo_root / "results" / "checkpoints" / "listops-hkt_l1-cpu-seed0.pt"
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    model = HKTClassifier.from_checkpoint(path)
+    assert not model.training and model.cfg.attention_params["n_levels"] == blob["config"]["n_levels"] == 1
+    assert set(model.state_dict()) == set(blob["state_dict"])
+    for key, value in blob["state_dict"].items():
+        assert torch.equal(model.state_dict()[key], value), key
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 37))
+    logits = model(ids)
+    assert logits.shape == (2, model.cfg.n_classes) and torch.isfinite(logits).all()
+
+
+def test_unknown_attention_param_and_variant_are_refused():
+    with pytest.raises(ValueError, match="kernel"):
+        ClassifierConfig(vocab_size=5, n_classes=2, attention_params={"kernel": 3})
+    with pytest.raises(ValueError, match="^n_levels"):
+        ClassifierConfig(vocab_size=5, n_classes=2, attention_params={"n_levels": 0})
+    with pytest.raises(ValueError, match="^attention"):
+        ClassifierConfig(vocab_size=5, n_classes=2, attention="rnn")
+    with pytest.raises(KeyError, match="hkt"):
+        get_attention_variant("rnn")
+    with pytest.raises(ValueError, match="bogus"):
+        ClassifierConfig.from_dict({"vocab_size": 5, "n_classes": 2, "bogus": 1})
+
+
+def test_to_dict_is_json_ready_and_from_dict_inverts_it():
+    cfg = ClassifierConfig(vocab_size=5, n_classes=2, attention_params={"n_levels": 2, "kernel_size": 4})
+    d = json.loads(json.dumps(cfg.to_dict()))
+    assert d["attention_params"] == {"n_levels": 2, "stride": 2, "kernel_size": 4, "conv_kernel_size": 3}
+    assert ClassifierConfig.from_dict(d) == cfg
+    assert replace(cfg, n_levels=1).attention_params["n_levels"] == 1  # the flat keyword wins, as lra uses it
+
+
+@dataclass(frozen=True)
+class _MeanParams:
+    scale: float = 1.0
+
+
+class _MeanValueAttention(nn.Module):
+    "A toy attention: every position gets the mean of the (real) values, projected."
+
+    def __init__(self, d_model, n_heads, causal, attn_dropout, params):
+        super().__init__()
+        self.value, self.out, self.scale = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model), params.scale
+
+    def forward(self, x, key_padding_mask=None, impl="fused"):
+        mean = masked_mean(self.value(x), key_padding_mask)[:, None]
+        return self.out(self.scale * mean.expand_as(x))
+
+
+def test_a_variant_registered_in_the_test_trains(attention_registry):
+    register_attention("mean", _MeanValueAttention, _MeanParams)
+    cfg = ClassifierConfig(vocab_size=8, n_classes=2, max_len=16, d_model=16, n_heads=2, n_layers=1, dropout=0.0,
+                           attention="mean", attention_params={"scale": 0.5})
+    model = HKTClassifier(cfg)
+    assert isinstance(model.blocks[0].attn, _MeanValueAttention) and model.blocks[0].attn.scale == 0.5
+    ids = torch.randint(0, 8, (64, 16))
+    labels = (ids == 3).sum(1).gt(2).long()  # a counting task: the mean of the values can carry it
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        loss = nn.functional.cross_entropy(model(ids), labels)
+        opt.zero_grad(), loss.backward(), opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0]
+    assert count_parameters(matched_mha_config(cfg)) - count_parameters(cfg) <= cfg.n_layers * (2 * 16 + 1) / 2
