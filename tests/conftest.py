@@ -15,6 +15,7 @@ Markers (registered in pyproject.toml): `slow` (> ~10 s; CI runs them, `-m "not 
 and `cuda` (skipped without a CUDA GPU).
 """
 import configparser
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -140,3 +141,37 @@ def committed_records() -> list:
     import json
     records = [(p, json.loads(p.read_text())) for p in sorted((REPO_ROOT / "results").glob("*.json"))]
     return [(p, r) for p, r in records if "model" in r.get("config", {})]
+
+
+@pytest.fixture
+def temporary_arm():
+    "Register experiment arms (`hkt_nb.lra.config.register_arm`) for one test; they are removed afterwards."
+    from hkt_nb.lra.config import ARMS, register_arm
+    added = []
+
+    def register(arm):
+        added.append(arm.name)
+        return register_arm(arm)
+    yield register
+    for name in added:
+        ARMS.pop(name, None)
+
+
+@pytest.fixture
+def temporary_variant():
+    """Register attention variants (`hkt_nb.model.register_attention`) for one test: `register(name, internals=...)`
+    registers an MHA-like variant without parameters; they are removed afterwards."""
+    from hkt_nb.model import ATTENTION_VARIANTS, MultiHeadAttention, register_attention
+
+    @dataclasses.dataclass(frozen=True)
+    class NoParams:
+        pass
+    added = []
+
+    def register(name, internals=None):
+        added.append(name)
+        return register_attention(name, lambda d, h, causal, dropout, p: MultiHeadAttention(d, h, causal, dropout),
+                                  NoParams, internals)
+    yield register
+    for name in added:
+        ATTENTION_VARIANTS.pop(name, None)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..model import ClassifierConfig
 from .config import EXECUTION_ONLY_FIELDS
 
 # %% auto #0
@@ -98,9 +99,11 @@ def save_checkpoint(run, epoch: int) -> None:
 
 # %% ../../nbs/05d_checkpoints.ipynb #142c9440
 def _comparable(identity: dict) -> dict:
-    "A fingerprint without the execution-only fields (workers, pinned memory, compilation): they never block a resume."
+    """A fingerprint without the execution-only fields (workers, pinned memory, compilation: they never block a
+    resume), its model configuration read through `ClassifierConfig.from_dict` (a checkpoint of the flat form resumes)."""
     train_config = {k: v for k, v in identity.get("train_config", {}).items() if k not in EXECUTION_ONLY_FIELDS}
-    return {**identity, "train_config": train_config}
+    model_config = json.loads(json.dumps(ClassifierConfig.from_dict(identity["model_config"]).to_dict()))
+    return {**identity, "train_config": train_config, "model_config": model_config}
 
 
 def _read_checkpoint(path: Path, device) -> dict:

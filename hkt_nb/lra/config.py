@@ -10,6 +10,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from .._checks import check_bool, check_choice, check_float, check_int
 from .listops import LISTOPS_SETTINGS
 
 # %% auto #0
@@ -47,26 +48,18 @@ class TrainConfig:
     pin_memory: bool | None = None  # page-locked batches (asynchronous copies); None: on CUDA only
     compile: bool | None = None  # `torch.compile` the model; None: on CUDA only (the last three: execution only)
 
-    def __post_init__(self):
+    def __post_init__(self):  # TypeError / ValueError naming the field (hkt_nb._checks)
         for name in ("epochs", "batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            check_int(name, getattr(self, name))
         for name in ("n_train", "n_val", "n_test", "eval_batch_size"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be None or an int >= 1, got {value!r}")
-        if not self.lr > 0 or not 0 <= self.warmup_frac < 1 or not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"need lr > 0, 0 <= warmup_frac < 1, 0 <= min_lr_ratio <= 1; got {self.lr}, "
-                             f"{self.warmup_frac}, {self.min_lr_ratio}")
-        if self.num_workers is not None and (isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int)
-                                             or self.num_workers < 0):
-            raise ValueError(f"num_workers must be None or an int >= 0, got {self.num_workers!r}")
-        for name in ("pin_memory", "compile"):
-            if not (getattr(self, name) is None or isinstance(getattr(self, name), bool)):
-                raise ValueError(f"{name} must be None, True or False, got {getattr(self, name)!r}")
-        if self.amp not in AMP_MODES:
-            raise ValueError(f"amp must be one of {AMP_MODES}, got {self.amp!r}")
+            check_int(name, getattr(self, name), allow_none=True)
+        check_float("lr", self.lr, 0, low_open=True), check_float("weight_decay", self.weight_decay, 0)
+        check_float("warmup_frac", self.warmup_frac, 0, 1, high_open=True)
+        check_float("min_lr_ratio", self.min_lr_ratio, 0, 1), check_float("grad_clip", self.grad_clip, 0)
+        check_int("data_seed", self.data_seed, 0), check_int("num_workers", self.num_workers, 0, allow_none=True)
+        check_bool("save_model", self.save_model)
+        check_bool("pin_memory", self.pin_memory, allow_none=True), check_bool("compile", self.compile, allow_none=True)
+        check_choice("amp", self.amp, AMP_MODES)
 
     def caps(self) -> dict[str, int | None]:
         "The size cap of each split, `{'train': n_train, 'validation': n_val, 'test': n_test}` (built here only)."
@@ -195,8 +188,10 @@ def run_variant(differences: dict) -> str | None:
 
 # %% ../../nbs/05_train.ipynb #825f4d53
 def _arm_config(reference, arm: Arm):
-    "The reference (HKT) `ClassifierConfig` switched to the arm's attention variant and parameters."
-    return replace(reference, attention=arm.attention, **arm.params)
+    """The reference (HKT) `ClassifierConfig` switched to the arm's attention variant, with the arm's parameters over
+    the reference's (those of another variant are dropped: each variant has its own, chapter 3)."""
+    params = reference.attention_params if arm.attention == reference.attention else {}
+    return replace(reference, attention=arm.attention, attention_params={**params, **arm.params})
 
 
 def build_config(
@@ -208,15 +203,16 @@ def build_config(
     seq_len: int | None = None,
     **overrides,  # `ClassifierConfig` fields replacing the preset's
 ) -> ClassifierConfig:
-    """The `ClassifierConfig` of a run: the preset's model fields (with `overrides`) for HKT, switched to the arm's
+    """The `ClassifierConfig` of a run: the preset's model fields (with `overrides`; HKT's parameters such as `n_levels`
+    may be given flat, as `ClassifierConfig.from_dict` reads them) for HKT, switched to the arm's
     variant and parameters (`Arm`), and widened to the parameter count of `arm.matched_to` when it has one (for
     "mha" this is `matched_mha_config`). Raises KeyError for an unregistered `model`, and what `ClassifierConfig`
     raises for a bad override."""
     from hkt_nb.model import ClassifierConfig, count_parameters, match_parameters  # torch: only when a model is built
 
     arm = get_arm(model)
-    reference = ClassifierConfig(vocab_size=vocab_size, n_classes=n_classes, max_len=seq_len or SEQ_LEN[task],
-                                 attention="hkt", **{**preset.model, **overrides})
+    reference = ClassifierConfig.from_dict({"vocab_size": vocab_size, "n_classes": n_classes, "attention": "hkt",
+                                            "max_len": seq_len or SEQ_LEN[task], **preset.model, **overrides})
     config = _arm_config(reference, arm)
     if arm.matched_to is None:
         return config
@@ -228,6 +224,11 @@ def result_relevant(train_config: TrainConfig) -> dict:
     "The fields of `train_config` that change what a run computes (all but `EXECUTION_ONLY_FIELDS`), as stored."
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(train_config).items()
             if k not in EXECUTION_ONLY_FIELDS}
+
+
+def _flat(model_config: dict) -> dict:
+    "A `ClassifierConfig.to_dict()` with the variant's parameters at top level (the form variant names hash)."
+    return {**{k: v for k, v in model_config.items() if k != "attention_params"}, **model_config.get("attention_params", {})}
 
 
 def preset_differences(
@@ -247,8 +248,8 @@ def preset_differences(
     wanted, given = result_relevant(preset.train_config(task)), result_relevant(train_config)
     differences = {"train": {k: v for k, v in given.items() if wanted.get(k) != v}}
     if model_overrides:
-        base = build_config(task, "hkt", preset, 1, 1).to_dict()  # vocabulary and classes come from the data
-        changed = build_config(task, "hkt", preset, 1, 1, **model_overrides).to_dict()
+        base = _flat(build_config(task, "hkt", preset, 1, 1).to_dict())  # vocabulary and classes come from the data
+        changed = _flat(build_config(task, "hkt", preset, 1, 1, **model_overrides).to_dict())
         differences["model"] = {k: v for k, v in changed.items() if base.get(k) != v}
     differences = {part: values for part, values in differences.items() if values}
     if dataset_sizes is not None:
@@ -267,9 +268,10 @@ def _stored_train(stored: dict, config_class=TrainConfig) -> dict:
 
 
 def _stored_model(stored: dict) -> dict:
-    "A stored model configuration read back through `ClassifierConfig` (missing fields: their defaults), as JSON."
+    """A stored model configuration read back through `ClassifierConfig.from_dict` (missing fields: their defaults;
+    the flat form of the records written before the variant registry is read too), as JSON."""
     from hkt_nb.model import ClassifierConfig  # torch: only when a record is checked
-    return json.loads(json.dumps(ClassifierConfig(**stored).to_dict()))
+    return json.loads(json.dumps(ClassifierConfig.from_dict(stored).to_dict()))
 
 
 def conforms_to_preset(
@@ -323,6 +325,9 @@ class RunSpec:
     dataset: object = None  # a ready `DatasetDict` (train / validation / test) instead of loading `task`
     model_overrides: dict | None = None  # fields of the preset's model to replace
     train_overrides: dict | None = None  # fields of the preset's `TrainConfig` to replace
+
+    def __post_init__(self):  # TypeError / ValueError naming the field (hkt_nb._checks)
+        check_int("seed", self.seed, 0), check_int("epochs", self.epochs, allow_none=True)
 
     def train_config(self) -> TrainConfig:
         "The preset's `TrainConfig` for the task, with this run's epochs and overrides."

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler, Sampler
 
+from .._checks import check_device
 from .benchmarks import make_dataloader
 from .config import TrainConfig
 
@@ -23,11 +24,10 @@ __all__ = ['resolve_device', 'amp_dtype', 'execution_settings', 'setup_distribut
 # %% ../../nbs/05c_distributed.ipynb #8eff3a21
 def resolve_device(device: str = "auto") -> torch.device:
     """"auto" -> CUDA if available else CPU; "cuda" without CUDA warns and falls back to CPU; "cpu" / "cuda:k"
-    as given. Under `torchrun` with CUDA, each process takes the GPU LOCAL_RANK. Raises ValueError for another
-    `device`."""
-    if device not in ("auto", "cpu") and not str(device).startswith("cuda"):
-        raise ValueError(f'device must be "auto", "cpu" or "cuda[:k]", got {device!r}')
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
+    / "mps" as given. Under `torchrun` with CUDA, each process takes the GPU LOCAL_RANK. Raises what
+    `hkt_nb._checks.check_device` raises for another `device`."""
+    device = check_device("device", device)
+    if device.startswith("cuda") and not torch.cuda.is_available():
         msg = f"device={device!r} was requested but CUDA is not available (torch {torch.__version__}); using the CPU"
         warnings.warn(msg, stacklevel=2)  # shown once, on stderr
         device = "cpu"

@@ -78,12 +78,14 @@ def library_versions() -> dict:
 
 
 def hkt_internals(model) -> dict:
-    "Learned level weights lambda (per layer, H x L) and gates g (per layer, H) of an HKT model ({} for MHA)."
-    layers = [a for a in model.attention_layers() if hasattr(a, "lambdas")]
-    if not layers:
+    """The learned internals of every attention layer, as the model's variant reports them (`internals` of its
+    `ATTENTION_VARIANTS` entry, chapter 3), one list per name with one entry per layer: for HKT the level weights
+    lambda (per layer, H x L) and the gates g (per layer, H). {} for a variant without internals (MHA)."""
+    internals = model.cfg.variant.internals
+    if internals is None:
         return {}
-    return {"lambdas": [a.lambdas.detach().float().cpu().tolist() for a in layers],
-            "gates": [a.gates.detach().float().cpu().tolist() for a in layers]}
+    per_layer = [internals(layer) for layer in model.attention_layers()]
+    return {name: [layer[name].float().cpu().tolist() for layer in per_layer] for name in per_layer[0]}
 
 
 def test_summary(run, test: dict) -> dict:

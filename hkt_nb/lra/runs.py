@@ -41,6 +41,7 @@ from hkt_nb.lra.workspace import (  # noqa: F401 (FULL_TRAIN_SIZE, fetch_record,
     records_url,
 )
 
+from .._checks import check_device
 from ..model import HKTClassifier, count_parameters
 from .benchmarks import absolute_path, load_task, make_dataloader, task_sizes
 from .checkpoints import atomic_save
@@ -135,8 +136,7 @@ def check_experiment_parameters(
     seeds = list(get_preset(preset).seeds) if seeds is None else _as_list("seeds", seeds, int)
     if any(seed < 0 for seed in seeds):
         raise ValueError(f"seeds must be >= 0, got {seeds}")
-    if not isinstance(device, str) or not (device in ("auto", "cpu") or device.startswith("cuda")):
-        raise ValueError(f'device must be "auto", "cpu" or "cuda[:k]", got {device!r}')
+    check_device("device", device)
     if not isinstance(retrain, bool):
         raise TypeError(f"retrain must be True or False, got {retrain!r}")
     for name, folder in (("data_dir", data_dir), ("results_dir", results_dir)):
@@ -260,8 +260,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=_int_at_least(1), default=None,
                         help="torch CPU threads (default: torch's choice; use 1 when other jobs share the cores)")
     arguments = parser.parse_args(argv)
-    if not (arguments.device in ("auto", "cpu") or arguments.device.startswith("cuda")):
-        parser.error(f'argument --device: expected "auto", "cpu" or "cuda[:k]", got {arguments.device!r}')
+    try:
+        check_device("device", arguments.device)
+    except ValueError as error:
+        parser.error(f"argument --device: {error}")
     return arguments
 
 # %% ../../nbs/05b_runs.ipynb #39fab1c6
