@@ -202,7 +202,7 @@ def build_config(
     n_classes: int,
     seq_len: int | None = None,
     **overrides,  # `ClassifierConfig` fields replacing the preset's
-) -> ClassifierConfig:
+):  # a `ClassifierConfig` (chapter 3)
     """The `ClassifierConfig` of a run: the preset's model fields (with `overrides`; HKT's parameters such as `n_levels`
     may be given flat, as `ClassifierConfig.from_dict` reads them) for HKT, switched to the arm's
     variant and parameters (`Arm`), and widened to the parameter count of `arm.matched_to` when it has one (for
@@ -328,6 +328,10 @@ class RunSpec:
 
     def __post_init__(self):  # TypeError / ValueError naming the field (hkt_nb._checks)
         check_int("seed", self.seed, 0), check_int("epochs", self.epochs, allow_none=True)
+
+    def resolved(self) -> RunSpec:
+        "This spec with its preset looked up (`get_preset`: a `Preset`, never a name)."
+        return replace(self, preset=get_preset(self.preset))
 
     def train_config(self) -> TrainConfig:
         "The preset's `TrainConfig` for the task, with this run's epochs and overrides."

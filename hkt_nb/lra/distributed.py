@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.utils.data import DistributedSampler, Sampler
 
 from .._checks import check_device
@@ -19,7 +20,7 @@ from .config import TrainConfig
 
 # %% auto #0
 __all__ = ['resolve_device', 'amp_dtype', 'execution_settings', 'setup_distributed', 'all_reduce_sum', 'ShardSampler',
-           'gather_predictions', 'make_loaders']
+           'gather_predictions', 'wrap', 'make_loaders']
 
 # %% ../../nbs/05c_distributed.ipynb #8eff3a21
 def resolve_device(device: str = "auto") -> torch.device:
@@ -119,6 +120,16 @@ def gather_predictions(local: np.ndarray, n: int, rank: int, world: int) -> np.n
     return out
 
 # %% ../../nbs/05c_distributed.ipynb #7926a5e9
+def wrap(model: nn.Module, train_config: TrainConfig, device: torch.device, world: int) -> nn.Module:
+    """The network a run trains: `model` compiled in place where `execution_settings` says so (its state_dict keys
+    stay those of the eager model), inside `DistributedDataParallel` when `world` > 1 (else `model` itself)."""
+    if execution_settings(train_config, device, world)["compile"]:
+        model.compile()
+    if world == 1:
+        return model
+    return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
 def make_loaders(splits: dict, train_config: TrainConfig, seed: int, rank: int, world: int, max_length: int,
                  device: torch.device = torch.device("cpu")) -> dict:
     "Training batches (shuffled per epoch by `DistributedSampler`) and strided validation / test shards."

@@ -17,31 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from hkt_nb.lra.config import (
-    Preset,
-    RunOptions,
-    RunSpec,
-    TrainConfig,
-    build_config,
-    get_preset,
-    run_identity,
-    run_variant,
-    split_keywords,
-)
-from hkt_nb.lra.distributed import (
-    all_reduce_sum,
-    amp_dtype,
-    execution_settings,
-    gather_predictions,
-    make_loaders,
-    resolve_device,
-    setup_distributed,
-)
-
 from ..model import HKTClassifier
+from . import checkpoints, distributed, records  # the plumbing, each a section after this one
 from .benchmarks import absolute_path, load_task, subsample, task_sizes
-from .checkpoints import restore, save_checkpoint, seed_everything, writable_folder
-from .records import announce, report_stop, run_record, test_summary, write_outputs
+from .config import Preset, RunOptions, RunSpec, TrainConfig, build_config, run_identity, split_keywords
 
 # %% auto #0
 __all__ = ['param_groups', 'lr_factor', 'Run', 'build_run', 'train_one_epoch', 'evaluate', 'validate', 'finish', 'train']
@@ -111,11 +90,6 @@ class Run:
     overrides: dict = field(default_factory=dict)  # what differs from the preset (`preset_differences`; {}: none)
 
     @property
-    def variant(self) -> str | None:
-        "The run's variant of its preset (`run_variant`), None for a run of the preset itself."
-        return run_variant(self.overrides)
-
-    @property
     def model(self) -> nn.Module:
         "The bare model (inside DDP's wrapper when there is one)."
         return self.network.module if self.world > 1 else self.network
@@ -146,28 +120,24 @@ def build_run(spec: RunSpec, options: RunOptions) -> Run:
     """Step 1: check the folders, load the data, build the model (under the run's seed, identical on every
     process), the optimiser and the schedule. Raises ValueError (unwritable folder, missing split, batch size
     not divisible by the process count) before any training."""
-    spec = replace(spec, preset=get_preset(spec.preset))
-    train_config = spec.train_config()
-    rank, world = setup_distributed(options.device)
-    device = resolve_device(options.device)
+    spec, train_config = spec.resolved(), spec.train_config()
+    rank, world = distributed.setup_distributed(options.device)
+    device = distributed.resolve_device(options.device)
     if train_config.batch_size % world:
         raise ValueError(f"batch_size={train_config.batch_size} must be divisible by the number of processes ({world})")
     name, differences = run_identity(spec)
-    results_dir = writable_folder(absolute_path(options.results_dir), "results folder")
-    checkpoint_dir = writable_folder(absolute_path(options.checkpoint_dir) if options.checkpoint_dir
-                                     else results_dir / "checkpoints" / name, "checkpoint folder")
+    results_dir = checkpoints.writable_folder(absolute_path(options.results_dir), "results folder")
+    checkpoint_dir = checkpoints.writable_folder(absolute_path(options.checkpoint_dir) if options.checkpoint_dir
+                                                 else results_dir / "checkpoints" / name, "checkpoint folder")
     splits, vocab_size, n_classes = _load_splits(spec, options, train_config)
     model_config = build_config(spec.task, spec.model, spec.preset, vocab_size, n_classes, **(spec.model_overrides or {}))
-    seed_everything(spec.seed)
-    network = model = HKTClassifier(model_config).to(device)
-    if execution_settings(train_config, device, world)["compile"]:
-        model.compile()  # in place: the state_dict keys stay those of the eager model
-    if world > 1:
-        network = nn.parallel.DistributedDataParallel(network, device_ids=[device.index] if device.type == "cuda" else None)
-    loaders = make_loaders(splits, train_config, spec.seed, rank, world, model_config.max_len, device)
-    dtype = amp_dtype(device, train_config.amp)
+    checkpoints.seed_everything(spec.seed)
+    model = HKTClassifier(model_config).to(device)
+    network = distributed.wrap(model, train_config, device, world)  # compiled in place on CUDA, in DDP for world > 1
+    loaders = distributed.make_loaders(splits, train_config, spec.seed, rank, world, model_config.max_len, device)
+    dtype = distributed.amp_dtype(device, train_config.amp)
     optimizer, scheduler, scaler = _optimisation(model, train_config, len(loaders["train"]), device, dtype)
-    seed_everything(spec.seed + rank)
+    checkpoints.seed_everything(spec.seed + rank)
     return Run(name, spec, options, train_config, model_config, device, dtype, rank, world, splits, loaders, network,
                optimizer, scheduler, scaler, results_dir, checkpoint_dir / "last.pt", n_classes, vocab_size,
                overrides=differences)
@@ -178,7 +148,7 @@ def _out_of_time(run: Run) -> bool:
     if run.options.time_budget_s is None:
         return False
     spent = float(time.time() - run.started > run.options.time_budget_s) if run.rank == 0 else 0.0
-    return all_reduce_sum([spent], run.device)[0] > 0
+    return distributed.all_reduce_sum([spent], run.device)[0] > 0
 
 
 def train_one_epoch(run: Run, epoch: int) -> tuple[float, int, float]:
@@ -210,7 +180,7 @@ def train_one_epoch(run: Run, epoch: int) -> tuple[float, int, float]:
         loss_sum += loss.item() * len(labels)
         n_examples += len(labels)
         bar.set_postfix(loss=f"{loss.item():.3f}")
-    loss_sum, n_examples = all_reduce_sum([loss_sum, float(n_examples)], run.device)
+    loss_sum, n_examples = distributed.all_reduce_sum([loss_sum, float(n_examples)], run.device)
     return loss_sum / max(n_examples, 1), int(n_examples), time.time() - started
 
 # %% ../../nbs/05a_loop.ipynb #a5ab2546
@@ -238,7 +208,7 @@ def evaluate(
         n += len(labels)
         if predictions:
             preds.append(logits.argmax(-1).cpu())
-    loss_sum, correct, n = all_reduce_sum([loss_sum, correct, n], device)
+    loss_sum, correct, n = distributed.all_reduce_sum([loss_sum, correct, n], device)
     out = {"loss": loss_sum / max(n, 1), "acc": correct / max(n, 1), "n": int(n)}
     if predictions:
         out["predictions"] = torch.cat(preds).numpy() if preds else np.zeros(0, dtype=np.int64)
@@ -263,17 +233,17 @@ def validate(run: Run, epoch: int, train_loss: float, n_examples: int, seconds: 
 def finish(run: Run) -> dict:
     """Step 6: for a complete run, test the best-validation model and write the outputs; an incomplete one
     (stopped by `stop_after` or the time budget) returns its record with "complete": False and keeps its checkpoint."""
-    results = run_record(run)
+    results = records.run_record(run)
     if not results["complete"]:
-        return report_stop(run, results)
+        return records.report_stop(run, results)
     run.model.load_state_dict(run.best["state"])
     test = evaluate(run.network, run.loaders["test"], run.device, run.dtype, predictions=True)
-    predictions = gather_predictions(test.pop("predictions"), len(run.splits["test"]), run.rank, run.world)
-    results.update(test_summary(run, test))
+    predictions = distributed.gather_predictions(test.pop("predictions"), len(run.splits["test"]), run.rank, run.world)
+    results.update(records.test_summary(run, test))
     run.show(f"{run.name}: best epoch {run.best['epoch']} (val acc {run.best['val_acc']:.4f}), test acc "
              f"{results['test_acc']:.4f} (majority {results['majority_test_acc']:.4f}); {results['wall_time_s']:.0f} s")
     if run.rank == 0:
-        write_outputs(run, results, predictions)
+        records.write_outputs(run, results, predictions)
     if run.world > 1:
         dist.barrier()
     return results
@@ -291,8 +261,8 @@ def train(
     "Train one run, step by step (chapter 5); launch under `torchrun` for several processes."
     spec_values, option_values = split_keywords(keywords)
     run = build_run(RunSpec(task, model, preset, seed, **spec_values), replace(options or RunOptions(), **option_values))
-    restore(run)
-    announce(run)
+    checkpoints.restore(run)
+    records.announce(run)
     for epoch in range(run.start_epoch, run.train_config.epochs):
         if run.options.stop_after is not None and epoch >= run.options.stop_after:
             break
@@ -300,5 +270,5 @@ def train(
         if run.budget_stop is not None:  # a partial epoch: neither validated nor checkpointed
             break
         validate(run, epoch, *epoch_result)
-        save_checkpoint(run, epoch)
+        checkpoints.save_checkpoint(run, epoch)
     return finish(run)

@@ -18,7 +18,7 @@ import hkt_nb
 
 from ..model import count_parameters
 from .checkpoints import atomic_save
-from .config import RESULTS_VERSION, run_name
+from .config import RESULTS_VERSION, run_name, run_variant
 
 # %% auto #0
 __all__ = ['run_record', 'announce', 'hardware_info', 'library_versions', 'hkt_internals', 'test_summary', 'save_predictions',
@@ -29,7 +29,8 @@ def run_record(run) -> dict:
     "The results dict of a run so far (paths relative to the results folder, never absolute)."
     spec, complete = run.spec, len(run.history) == run.train_config.epochs
     return {"run": run.name, "complete": complete, "task": spec.task, "model": spec.model,
-            "preset": spec.preset.name, "seed": spec.seed, "variant": run.variant, "overrides": run.overrides,
+            "preset": spec.preset.name, "seed": spec.seed, "variant": run_variant(run.overrides),
+            "overrides": run.overrides,
             "config": {"model": run.model_config.to_dict(), "train": asdict(run.train_config),
                        "preset_why": spec.preset.why},
             "results_version": RESULTS_VERSION, "library_version": hkt_nb.__version__,
