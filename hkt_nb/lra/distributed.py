@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import time
 import warnings
 
 import numpy as np
@@ -19,8 +20,8 @@ from .benchmarks import make_dataloader
 from .config import TrainConfig
 
 # %% auto #0
-__all__ = ['resolve_device', 'amp_dtype', 'execution_settings', 'setup_distributed', 'all_reduce_sum', 'ShardSampler',
-           'gather_predictions', 'wrap', 'make_loaders']
+__all__ = ['resolve_device', 'amp_dtype', 'execution_settings', 'setup_distributed', 'all_reduce_sum', 'out_of_time',
+           'ShardSampler', 'gather_predictions', 'wrap', 'make_loaders']
 
 # %% ../../nbs/05c_distributed.ipynb #8eff3a21
 def resolve_device(device: str = "auto") -> torch.device:
@@ -93,6 +94,15 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.tolist()
+
+
+def out_of_time(run) -> bool:
+    """Whether the run's `time_budget_s` (seconds since `run.started`) is spent: decided by rank 0 and shared, so
+    that all processes stop at the same step."""
+    if run.options.time_budget_s is None:
+        return False
+    spent = float(time.time() - run.started > run.options.time_budget_s) if run.rank == 0 else 0.0
+    return all_reduce_sum([spent], run.device)[0] > 0
 
 # %% ../../nbs/05c_distributed.ipynb #d5dbcfa7
 class ShardSampler(Sampler):

@@ -23,7 +23,32 @@ from .benchmarks import absolute_path, load_task, subsample, task_sizes
 from .config import Preset, RunOptions, RunSpec, TrainConfig, build_config, run_identity, split_keywords
 
 # %% auto #0
-__all__ = ['param_groups', 'lr_factor', 'Run', 'build_run', 'train_one_epoch', 'evaluate', 'validate', 'finish', 'train']
+__all__ = ['train', 'param_groups', 'lr_factor', 'Run', 'build_run', 'train_one_epoch', 'evaluate', 'validate', 'finish']
+
+# %% ../../nbs/05a_loop.ipynb #aa770856
+def train(
+    task: str,  # "listops", "imdb", "scifar10" or "synthetic"
+    model: str = "hkt",  # an arm (`ARMS`): "hkt", "mha" (parameter-matched standard attention), "hkt_l1", "hkt_l2"
+    preset: str | Preset = "smoke",  # a name of `PRESETS` or a `Preset`
+    seed: int = 0,
+    *,
+    options: RunOptions | None = None,  # how the run executes; its fields may also be given as keywords
+    **keywords,  # fields of `RunSpec` (epochs, dataset, model_overrides, train_overrides) or of `RunOptions`
+) -> dict:  # the results record, also written to `<results_dir>/<name>.json` by rank 0 (`run_identity`)
+    "Train one run, step by step (chapter 5); launch under `torchrun` for several processes."
+    spec_values, option_values = split_keywords(keywords)
+    run = build_run(RunSpec(task, model, preset, seed, **spec_values), replace(options or RunOptions(), **option_values))
+    checkpoints.restore(run)
+    records.announce(run)
+    for epoch in range(run.start_epoch, run.train_config.epochs):
+        if run.options.stop_after is not None and epoch >= run.options.stop_after:
+            break
+        epoch_result = train_one_epoch(run, epoch)
+        if run.budget_stop is not None:  # a partial epoch: neither validated nor checkpointed
+            break
+        validate(run, epoch, *epoch_result)
+        checkpoints.save_checkpoint(run, epoch)
+    return finish(run)
 
 # %% ../../nbs/05a_loop.ipynb #4f8bf0c0
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -143,14 +168,6 @@ def build_run(spec: RunSpec, options: RunOptions) -> Run:
                overrides=differences)
 
 # %% ../../nbs/05a_loop.ipynb #8ec0a6fb
-def _out_of_time(run: Run) -> bool:
-    "Whether the run's `time_budget_s` is spent (decided by rank 0 and shared, so that all processes stop together)."
-    if run.options.time_budget_s is None:
-        return False
-    spent = float(time.time() - run.started > run.options.time_budget_s) if run.rank == 0 else 0.0
-    return distributed.all_reduce_sum([spent], run.device)[0] > 0
-
-
 def train_one_epoch(run: Run, epoch: int) -> tuple[float, int, float]:
     "Step 3: one pass over the training batches; returns (mean training loss, examples, seconds), over all processes."
     run.network.train()
@@ -159,7 +176,7 @@ def train_one_epoch(run: Run, epoch: int) -> tuple[float, int, float]:
     disable = True if run.rank != 0 else None if run.options.progress is None else not run.options.progress
     bar = tqdm(run.loaders["train"], desc=f"epoch {epoch + 1}/{run.train_config.epochs}", leave=False, disable=disable)
     for step, (input_ids, padding_mask, labels) in enumerate(bar):
-        if _out_of_time(run):
+        if distributed.out_of_time(run):
             run.budget_stop = {"epoch": epoch + 1, "steps_done": step, "steps_per_epoch": len(run.loaders["train"]),
                                "examples": n_examples, "seconds": time.time() - started,
                                "examples_per_s": n_examples / max(time.time() - started, 1e-9)}
@@ -247,28 +264,3 @@ def finish(run: Run) -> dict:
     if run.world > 1:
         dist.barrier()
     return results
-
-# %% ../../nbs/05a_loop.ipynb #aa770856
-def train(
-    task: str,  # "listops", "imdb", "scifar10" or "synthetic"
-    model: str = "hkt",  # an arm (`ARMS`): "hkt", "mha" (parameter-matched standard attention), "hkt_l1", "hkt_l2"
-    preset: str | Preset = "smoke",  # a name of `PRESETS` or a `Preset`
-    seed: int = 0,
-    *,
-    options: RunOptions | None = None,  # how the run executes; its fields may also be given as keywords
-    **keywords,  # fields of `RunSpec` (epochs, dataset, model_overrides, train_overrides) or of `RunOptions`
-) -> dict:  # the results record, also written to `<results_dir>/<name>.json` by rank 0 (`run_identity`)
-    "Train one run, step by step (chapter 5); launch under `torchrun` for several processes."
-    spec_values, option_values = split_keywords(keywords)
-    run = build_run(RunSpec(task, model, preset, seed, **spec_values), replace(options or RunOptions(), **option_values))
-    checkpoints.restore(run)
-    records.announce(run)
-    for epoch in range(run.start_epoch, run.train_config.epochs):
-        if run.options.stop_after is not None and epoch >= run.options.stop_after:
-            break
-        epoch_result = train_one_epoch(run, epoch)
-        if run.budget_stop is not None:  # a partial epoch: neither validated nor checkpointed
-            break
-        validate(run, epoch, *epoch_result)
-        checkpoints.save_checkpoint(run, epoch)
-    return finish(run)
