@@ -16,8 +16,8 @@ from .listops import LISTOPS_SETTINGS
 # %% auto #0
 __all__ = ['TASKS', 'SEQ_LEN', 'AMP_MODES', 'EXECUTION_ONLY_FIELDS', 'PRESETS', 'ARMS', 'MODELS', 'RESULTS_VERSION',
            'TrainConfig', 'Preset', 'get_preset', 'Arm', 'register_arm', 'get_arm', 'run_name', 'run_variant',
-           'build_config', 'result_relevant', 'preset_differences', 'conforms_to_preset', 'RunOptions', 'RunSpec',
-           'run_identity', 'split_keywords']
+           'build_config', 'result_relevant', 'flat_model_config', 'preset_differences', 'conforms_to_preset',
+           'RunOptions', 'RunSpec', 'run_identity', 'split_keywords']
 
 # %% ../../nbs/05_train.ipynb #6c549d89
 TASKS = ("listops", "imdb", "scifar10")
@@ -226,8 +226,9 @@ def result_relevant(train_config: TrainConfig) -> dict:
             if k not in EXECUTION_ONLY_FIELDS}
 
 
-def _flat(model_config: dict) -> dict:
-    "A `ClassifierConfig.to_dict()` with the variant's parameters at top level (the form variant names hash)."
+def flat_model_config(model_config: dict) -> dict:
+    """A `ClassifierConfig.to_dict()` with the variant's parameters at top level: the form variant names hash (as
+    before the variant registry, so names stay) and the chapters' setting tables print."""
     return {**{k: v for k, v in model_config.items() if k != "attention_params"}, **model_config.get("attention_params", {})}
 
 
@@ -248,8 +249,8 @@ def preset_differences(
     wanted, given = result_relevant(preset.train_config(task)), result_relevant(train_config)
     differences = {"train": {k: v for k, v in given.items() if wanted.get(k) != v}}
     if model_overrides:
-        base = _flat(build_config(task, "hkt", preset, 1, 1).to_dict())  # vocabulary and classes come from the data
-        changed = _flat(build_config(task, "hkt", preset, 1, 1, **model_overrides).to_dict())
+        base = flat_model_config(build_config(task, "hkt", preset, 1, 1).to_dict())  # vocabulary, classes: the data's
+        changed = flat_model_config(build_config(task, "hkt", preset, 1, 1, **model_overrides).to_dict())
         differences["model"] = {k: v for k, v in changed.items() if base.get(k) != v}
     differences = {part: values for part, values in differences.items() if values}
     if dataset_sizes is not None:

@@ -9,7 +9,7 @@ import argparse
 import ast
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,7 @@ from hkt_nb.lra.config import (
     TrainConfig,
     build_config,
     conforms_to_preset,
+    flat_model_config,
     get_preset,
     run_identity,
     run_name,
@@ -158,7 +159,8 @@ class Experiment:
 
     def setting(self) -> dict:
         "model -> its configuration and parameter count, for the setting table the chapters print."
-        return {model: {**asdict(config), "parameters": count_parameters(config)} for model, config in self.configs.items()}
+        return {model: {**flat_model_config(config.to_dict()), "parameters": count_parameters(config)}
+                for model, config in self.configs.items()}
 
     def summary(self) -> list[dict]:
         "One row per run: parameters, best epoch, validation / test / majority accuracy (%), throughput, time."
