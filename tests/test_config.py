@@ -182,3 +182,10 @@ def test_config_imports_no_torch():
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code, str(REPO / "hkt_nb")], check=True, timeout=120,
                    env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_a_variant_parameter_override_keeps_the_name_it_had_before_the_registry():
+    "Overrides of HKT's own parameters are hashed in the flat form, so such variants keep their names."
+    name, differences = run_identity(RunSpec("listops", "hkt", "cpu", 0, model_overrides={"n_levels": 2}))
+    assert differences == {"model": {"n_levels": 2}}
+    assert name == run_name("listops", "hkt", "cpu", 0, run_variant({"model": {"n_levels": 2}}))
