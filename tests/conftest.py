@@ -175,3 +175,29 @@ def temporary_variant():
     yield register
     for name in added:
         ATTENTION_VARIANTS.pop(name, None)
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """One complete smoke run of the synthetic task on one CPU thread, saving its best model (a variant of `smoke`:
+    save_model is result-relevant): `(folder, record)`; results in `folder/results`, checkpoints in `folder/ckpt`."""
+    from hkt_nb.lra.loop import train
+    d = tmp_path_factory.mktemp("smoke")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        r = train("synthetic", "hkt", "smoke", 0, device="cpu", results_dir=d / "results",
+                  checkpoint_dir=d / "ckpt", progress=False, verbose=False, train_overrides={"save_model": True})
+    finally:
+        torch.set_num_threads(n)
+    return d, r
+
+
+@pytest.fixture
+def committed_record():
+    "The committed record results/listops-hkt-cpu-seed0.json (skips when it is not there)."
+    import json
+    path = REPO_ROOT / "results" / "listops-hkt-cpu-seed0.json"
+    if not path.is_file():
+        pytest.skip("no committed cpu run")
+    return json.loads(path.read_text())

@@ -84,7 +84,6 @@ def test_a_run_that_computes_what_the_preset_says_keeps_its_name(spec):
     assert run_identity(spec) == ("listops-hkt-cpu-seed0", {})
 
 
-
 @pytest.mark.parametrize("field, value, error", [("seed", -1, ValueError), ("seed", "0", TypeError),
                                                  ("epochs", 0, ValueError), ("epochs", 1.0, TypeError)])
 def test_run_spec_names_a_bad_field(field, value, error):
@@ -141,14 +140,6 @@ class ExtendedTrainConfig(TrainConfig):
 
 def _extended(preset: Preset) -> Preset:
     return dataclasses.replace(preset, train=ExtendedTrainConfig(**dataclasses.asdict(preset.train)))
-
-
-@pytest.fixture
-def committed_record():
-    path = REPO / "results" / "listops-hkt-cpu-seed0.json"
-    if not path.is_file():
-        pytest.skip("no committed cpu run")
-    return json.loads(path.read_text())
 
 
 def test_a_field_added_with_a_default_changes_nothing(committed_record):

@@ -11,20 +11,6 @@ import pytest
 import torch
 
 from hkt_nb.lra.distributed import ShardSampler, amp_dtype, resolve_device
-from hkt_nb.lra.loop import train
-
-
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("smoke")
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        r = train("synthetic", "hkt", "smoke", 0, device="cpu", results_dir=d / "results",
-                  checkpoint_dir=d / "ckpt", progress=False, verbose=False)
-    finally:
-        torch.set_num_threads(n)
-    return d, r
 
 
 def test_device_and_precision_choice():
@@ -71,7 +57,6 @@ def test_ddp_two_processes_gloo_matches_single_process(tmp_path, smoke_run):
         for k in ("train_loss", "val_loss", "val_acc", "lr"):
             assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
     assert r["test_acc"] == pytest.approx(single["test_acc"], abs=1 / 128)
-
 
 
 @pytest.mark.parametrize("device, error", [("tpu", ValueError), ("cuda:x", ValueError), (0, TypeError)])

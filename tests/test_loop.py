@@ -40,19 +40,6 @@ def test_param_groups_exclude_norms_biases_embeddings_and_hkt_logits():
     assert all(p.dim() >= 2 for p in decay["params"])
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("smoke")
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        r = train("synthetic", "hkt", "smoke", 0, device="cpu", results_dir=d / "results",
-                  checkpoint_dir=d / "ckpt", progress=False, verbose=False, train_overrides={"save_model": True})
-    finally:
-        torch.set_num_threads(n)
-    return d, r
-
-
 def test_results_json_schema_and_values(smoke_run):
     d, r = smoke_run
     # save_model is not execution-only, so the run is a variant of the smoke preset, named and recorded as one
@@ -109,7 +96,6 @@ def test_epochs_given_to_train_is_honoured(tmp_path):
     record = train("synthetic", epochs=1, results_dir=tmp_path, **QUIET,
                    train_overrides={"n_train": 32, "n_val": 16, "n_test": 16})
     assert len(record["history"]) == 1 and record["config"]["train"]["epochs"] == 1
-
 
 
 def test_an_arm_registered_here_trains_for_one_smoke_epoch(tmp_path, one_thread, temporary_arm):
