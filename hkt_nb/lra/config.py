@@ -313,7 +313,7 @@ class RunOptions:
     stop_after: int | None = None  # end this call after that many epochs in total (rerun to resume)
     time_budget_s: float | None = None  # stop cleanly between two steps after this many seconds of this call
 
-
+# %% ../../nbs/05_train.ipynb #fdc8aab3
 @dataclass(frozen=True)
 class RunSpec:
     """What a run computes: task, model (an arm), preset and seed, plus overrides of the preset and an optional
@@ -340,6 +340,26 @@ class RunSpec:
         if self.epochs is not None:
             overrides["epochs"] = self.epochs
         return replace(get_preset(self.preset).train_config(self.task), **overrides)
+
+    def load_splits(self, data_dir=None) -> tuple[dict, int, int]:
+        """`(splits, vocab_size, n_classes)` of the run: the task's benchmark (chapter 4, from `data_dir`) capped once
+        to `train_config().caps()`, or the given `dataset` capped by the same rule. Raises ValueError naming the
+        splits a given dataset lacks."""
+        from hkt_nb.lra.benchmarks import load_task, subsample, task_sizes  # the data libraries: only to load data
+
+        train_config = self.train_config()
+        caps = train_config.caps()
+        if self.dataset is None:
+            dataset_dict = load_task(self.task, data_dir, caps=caps, seed=train_config.data_seed)
+            splits = {split: dataset_dict[split] for split in caps}
+        else:
+            missing = [split for split in caps if split not in self.dataset]
+            if missing:
+                raise ValueError(f"dataset lacks the split(s) {missing}: train needs train, validation and test "
+                                 f"(it has {list(self.dataset)})")
+            dataset_dict = self.dataset
+            splits = {split: subsample(dataset_dict[split], cap, train_config.data_seed) for split, cap in caps.items()}
+        return (splits, *task_sizes(self.task, dataset_dict))
 
 # %% ../../nbs/05_train.ipynb #5d9c1beb
 def run_identity(spec: RunSpec) -> tuple[str, dict]:

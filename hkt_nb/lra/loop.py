@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from ..model import HKTClassifier
 from . import checkpoints, distributed, records  # the plumbing, each a section after this one
-from .benchmarks import absolute_path, load_task, subsample, task_sizes
+from .benchmarks import absolute_path
 from .config import Preset, RunOptions, RunSpec, TrainConfig, build_config, run_identity, split_keywords
 
 # %% auto #0
@@ -125,22 +125,6 @@ class Run:
             print(*message, flush=True)
 
 # %% ../../nbs/05a_loop.ipynb #7aee1790
-def _load_splits(spec: RunSpec, options: RunOptions, train_config: TrainConfig) -> tuple[dict, int, int]:
-    "(splits, vocab_size, n_classes): the benchmark capped once, or the given dataset capped by the same rule."
-    caps = train_config.caps()
-    if spec.dataset is None:
-        dataset_dict = load_task(spec.task, options.data_dir, caps=caps, seed=train_config.data_seed)
-        splits = {split: dataset_dict[split] for split in caps}
-    else:
-        missing = [split for split in caps if split not in spec.dataset]
-        if missing:
-            raise ValueError(f"dataset lacks the split(s) {missing}: train needs train, validation and test "
-                             f"(it has {list(spec.dataset)})")
-        dataset_dict = spec.dataset
-        splits = {split: subsample(dataset_dict[split], cap, train_config.data_seed) for split, cap in caps.items()}
-    return (splits, *task_sizes(spec.task, dataset_dict))
-
-
 def build_run(spec: RunSpec, options: RunOptions) -> Run:
     """Step 1: check the folders, load the data, build the model (under the run's seed, identical on every
     process), the optimiser and the schedule. Raises ValueError (unwritable folder, missing split, batch size
@@ -154,7 +138,7 @@ def build_run(spec: RunSpec, options: RunOptions) -> Run:
     results_dir = checkpoints.writable_folder(absolute_path(options.results_dir), "results folder")
     checkpoint_dir = checkpoints.writable_folder(absolute_path(options.checkpoint_dir) if options.checkpoint_dir
                                                  else results_dir / "checkpoints" / name, "checkpoint folder")
-    splits, vocab_size, n_classes = _load_splits(spec, options, train_config)
+    splits, vocab_size, n_classes = spec.load_splits(options.data_dir)
     model_config = build_config(spec.task, spec.model, spec.preset, vocab_size, n_classes, **(spec.model_overrides or {}))
     checkpoints.seed_everything(spec.seed)
     model = HKTClassifier(model_config).to(device)
