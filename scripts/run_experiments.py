@@ -50,13 +50,12 @@ def main() -> None:
     print(f"{len(todo)} runs to do: " + ", ".join(f"{t}-{m}-seed{s}" for t, m, s in todo), flush=True)
     if a.dry_run:
         return
-    from hkt_nb.lra.config import run_name  # the one run-name rule (torch-free)
     (results_dir / "logs").mkdir(parents=True, exist_ok=True)
     running: list[tuple[subprocess.Popen, str, float]] = []
     while todo or running:
         while todo and len(running) < a.jobs:
             task, model, seed = todo.pop(0)
-            name = run_name(task, model, a.preset, seed)
+            name = f"{task}-{model}-{a.preset}-seed{seed}"
             cmd = [sys.executable, "-m", "hkt_nb.lra.runs", "--task", task, "--model", model, "--preset", a.preset,
                    "--seed", str(seed), "--device", "cpu", "--threads", str(a.threads), "--no-progress",
                    "--results-dir", str(results_dir)]
