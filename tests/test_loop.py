@@ -88,7 +88,7 @@ def test_train_names_a_missing_split(tmp_path):
     toy = synthetic_benchmark(n_train=16, n_val=8, n_test=8, seq_len=16)
     for missing in ("validation", "test", "train"):
         partial = datasets.DatasetDict({k: v for k, v in toy.items() if k != missing})
-        with pytest.raises(ValueError, match=f"lacks the split.*{missing}"):
+        with pytest.raises(ValueError, match=f"dataset.*{missing}"):
             train("synthetic", dataset=partial, results_dir=tmp_path / "r", **QUIET)
 
 

@@ -135,3 +135,21 @@ def test_cli_epochs_1_never_overwrites_the_preset_run(tmp_path, capsys, one_thre
     assert again["loaded"] is False and again["run"] == name  # never the preset's record for a shortened run
     assert {f: f.read_bytes() for f in files} == before
 
+
+
+def test_plot_colours_follow_the_arms_registry(temporary_arm):
+    "Experiment.plot draws each arm in its own colour, C<k> for the k-th registered arm (a new arm included)."
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.colors import to_rgba
+
+    from hkt_nb.lra.config import ARMS, PRESETS, Arm
+    from hkt_nb.lra.runs import Experiment
+    temporary_arm(Arm("hkt_s3", "hkt", {"stride": 3}, matched_to="hkt"))
+    record = {"history": [{"epoch": 1, "val_acc": 0.5, "train_loss": 1.0}], "majority_test_acc": 0.25}
+    experiment = Experiment("listops", PRESETS["smoke"], {}, PRESETS["smoke"].train,
+                            {(model, 0): record for model in ("hkt", "mha", "hkt_s3")})
+    accuracy_axis = experiment.plot().axes[0]
+    colours = {line.get_label(): line.get_color() for line in accuracy_axis.get_lines()}
+    for model in ("hkt", "mha", "hkt_s3"):
+        assert to_rgba(colours[f"{model.upper()} seed 0"]) == to_rgba(f"C{list(ARMS).index(model)}")

@@ -62,14 +62,14 @@ def atomic_save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def writable_folder(folder: Path, what: str) -> Path:
-    "Create `folder` and prove it writable now, before any work (a ValueError naming it otherwise)."
+def writable_folder(folder: Path, name: str) -> Path:
+    "Create `folder` and prove it writable now, before any work (a ValueError starting with `name`, naming the folder)."
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".write-test-{os.getpid()}"
         probe.write_bytes(b""); probe.unlink()
     except OSError as error:
-        raise ValueError(f"the {what} {folder} cannot be written ({type(error).__name__}: {error}); "
+        raise ValueError(f"{name} {folder} cannot be written ({type(error).__name__}: {error}); "
                          "choose another folder") from None
     return folder
 

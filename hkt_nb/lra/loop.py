@@ -135,9 +135,9 @@ def build_run(spec: RunSpec, options: RunOptions) -> Run:
     if train_config.batch_size % world:
         raise ValueError(f"batch_size={train_config.batch_size} must be divisible by the number of processes ({world})")
     name, differences = run_identity(spec)
-    results_dir = checkpoints.writable_folder(absolute_path(options.results_dir), "results folder")
+    results_dir = checkpoints.writable_folder(absolute_path(options.results_dir), "results_dir")
     checkpoint_dir = checkpoints.writable_folder(absolute_path(options.checkpoint_dir) if options.checkpoint_dir
-                                                 else results_dir / "checkpoints" / name, "checkpoint folder")
+                                                 else results_dir / "checkpoints" / name, "checkpoint_dir")
     splits, vocab_size, n_classes = spec.load_splits(options.data_dir)
     model_config = build_config(spec.task, spec.model, spec.preset, vocab_size, n_classes, **(spec.model_overrides or {}))
     checkpoints.seed_everything(spec.seed)

@@ -42,7 +42,7 @@ from hkt_nb.lra.workspace import (  # noqa: F401 (FULL_TRAIN_SIZE, fetch_record,
     records_url,
 )
 
-from .._checks import check_device
+from .._checks import check_bool, check_choice, check_device, check_int
 from ..model import HKTClassifier, count_parameters
 from .benchmarks import absolute_path, load_task, make_dataloader, task_sizes
 from .checkpoints import atomic_save
@@ -127,19 +127,15 @@ def check_experiment_parameters(
 ) -> dict:  # the parameters, normalised
     """The parameters of an experiment chapter, checked and normalised (lists from text, `seeds=None` -> the
     preset's seeds, paths absolute). Raises TypeError / ValueError naming the parameter and what it allows."""
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    check_choice("task", task, TASKS)
     models = _as_list("models", models, str)
-    if unknown := [m for m in models if m not in ARMS]:
-        raise ValueError(f"models must be among {sorted(ARMS)}, got {unknown}")
-    if not isinstance(preset, str) or preset not in PRESETS:
-        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    for model in models:
+        check_choice("models", model, ARMS)
+    check_choice("preset", preset, PRESETS)
     seeds = list(get_preset(preset).seeds) if seeds is None else _as_list("seeds", seeds, int)
-    if any(seed < 0 for seed in seeds):
-        raise ValueError(f"seeds must be >= 0, got {seeds}")
-    check_device("device", device)
-    if not isinstance(retrain, bool):
-        raise TypeError(f"retrain must be True or False, got {retrain!r}")
+    for seed in seeds:
+        check_int("seeds", seed, 0)
+    check_device("device", device), check_bool("retrain", retrain)
     for name, folder in (("data_dir", data_dir), ("results_dir", results_dir)):
         if folder is not None and not isinstance(folder, (str, os.PathLike)):
             raise TypeError(f"{name} must be a path or None, got {folder!r}")
