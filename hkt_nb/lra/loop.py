@@ -240,7 +240,7 @@ def finish(run: Run) -> dict:
     run.model.load_state_dict(run.best["state"])
     test = evaluate(run.network, run.loaders["test"], run.device, run.dtype, predictions=True)
     predictions = distributed.gather_predictions(test.pop("predictions"), len(run.splits["test"]), run.rank, run.world)
-    results.update(records.test_summary(run, test))
+    results.update(records.final_results(run, test))
     run.show(f"{run.name}: best epoch {run.best['epoch']} (val acc {run.best['val_acc']:.4f}), test acc "
              f"{results['test_acc']:.4f} (majority {results['majority_test_acc']:.4f}); {results['wall_time_s']:.0f} s")
     if run.rank == 0:

@@ -21,7 +21,7 @@ from .checkpoints import atomic_save
 from .config import RESULTS_VERSION, run_name, run_variant
 
 # %% auto #0
-__all__ = ['run_record', 'announce', 'hardware_info', 'library_versions', 'hkt_internals', 'test_summary', 'save_predictions',
+__all__ = ['run_record', 'announce', 'hardware_info', 'library_versions', 'hkt_internals', 'final_results', 'save_predictions',
            'write_outputs', 'report_stop']
 
 # %% ../../nbs/05e_records.ipynb #c1666deb
@@ -89,7 +89,7 @@ def hkt_internals(model) -> dict:
     return {name: [layer[name].float().cpu().tolist() for layer in per_layer] for name in per_layer[0]}
 
 
-def test_summary(run, test: dict) -> dict:
+def final_results(run, test: dict) -> dict:
     "The record's test part: `test` (from `evaluate` of the best model), majority baseline, times, hardware, versions."
     labels_train = np.bincount(run.splits["train"]["label"], minlength=run.n_classes)
     labels_test = np.bincount(run.splits["test"]["label"], minlength=run.n_classes)
