@@ -170,7 +170,8 @@ def test_config_imports_no_torch():
     code = ("import sys, types; package = types.ModuleType('hkt_nb'); package.__path__ = [sys.argv[1]]; "
             "sys.modules['hkt_nb'] = package; import hkt_nb.lra.config as config; "
             "assert config.run_name('listops', 'hkt', 'cpu', 0) == 'listops-hkt-cpu-seed0'; "
-            "assert 'torch' not in sys.modules, 'torch was imported'")
+            "assert 'torch' not in sys.modules, 'torch was imported by ' + ', '.join(sorted(m for m in sys.modules "
+            "if m.startswith('hkt_nb')))")  # then import the model and data code lazily (as build_config does)
     subprocess.run([sys.executable, "-c", code, str(REPO / "hkt_nb")], check=True, timeout=120,
                    env={**os.environ, "PYTHONPATH": str(REPO)})
 
