@@ -17,6 +17,7 @@ Markers (registered in pyproject.toml): `slow` (> ~10 s; CI runs them, `-m "not 
 and `cuda` (skipped without a CUDA GPU).
 """
 import configparser
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -162,3 +163,63 @@ def graph_breaks():
         explanation = dynamo.explain(module)(*args)
         return explanation.graph_break_count, [str(b.reason)[:120] for b in explanation.break_reasons]
     return count
+
+
+@pytest.fixture
+def temporary_arm():
+    "Register experiment arms (`hkt_nb.lra.config.register_arm`) for one test; they are removed afterwards."
+    from hkt_nb.lra.config import ARMS, register_arm
+    added = []
+
+    def register(arm):
+        added.append(arm.name)
+        return register_arm(arm)
+    yield register
+    for name in added:
+        ARMS.pop(name, None)
+
+
+@pytest.fixture
+def temporary_variant():
+    """Register attention variants (`hkt_nb.model.register_attention`) for one test: `register(name, internals=...)`
+    registers an MHA-like variant without parameters; they are removed afterwards."""
+    from hkt_nb.model import ATTENTION_VARIANTS, MultiHeadAttention, register_attention
+
+    @dataclasses.dataclass(frozen=True)
+    class NoParams:
+        pass
+    added = []
+
+    def register(name, internals=None):
+        added.append(name)
+        return register_attention(name, lambda d, h, causal, dropout, p: MultiHeadAttention(d, h, causal, dropout),
+                                  NoParams, internals)
+    yield register
+    for name in added:
+        ATTENTION_VARIANTS.pop(name, None)
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """One complete smoke run of the synthetic task on one CPU thread, saving its best model (a variant of `smoke`:
+    save_model is result-relevant): `(folder, record)`; results in `folder/results`, checkpoints in `folder/ckpt`."""
+    from hkt_nb.lra.loop import train
+    d = tmp_path_factory.mktemp("smoke")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        r = train("synthetic", "hkt", "smoke", 0, device="cpu", results_dir=d / "results",
+                  checkpoint_dir=d / "ckpt", progress=False, verbose=False, train_overrides={"save_model": True})
+    finally:
+        torch.set_num_threads(n)
+    return d, r
+
+
+@pytest.fixture
+def committed_record():
+    "The committed record results/listops-hkt-cpu-seed0.json (skips when it is not there)."
+    import json
+    path = REPO_ROOT / "results" / "listops-hkt-cpu-seed0.json"
+    if not path.is_file():
+        pytest.skip("no committed cpu run")
+    return json.loads(path.read_text())

@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, replace
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
 
-from hkt_nb.model import (
-    ClassifierConfig,
-    count_parameters,
-    match_parameters,
-    matched_mha_config,
-)
-
+from .._checks import check_bool, check_choice, check_float, check_int
 from .tasks import BENCHMARKS, SEEDS, TaskTable, get_task
 
 # %% auto #0
-__all__ = ['TASKS', 'SEQ_LEN', 'AMP_MODES', 'EXECUTION_ONLY_FIELDS', 'PRESETS', 'MODELS', 'TrainConfig', 'Preset', 'get_preset',
-           'run_name', 'build_config', 'result_relevant', 'preset_differences', 'run_variant', 'conforms_to_preset']
+__all__ = ['TASKS', 'SEQ_LEN', 'AMP_MODES', 'EXECUTION_ONLY_FIELDS', 'PRESETS', 'ARMS', 'MODELS', 'RESULTS_VERSION',
+           'TrainConfig', 'Preset', 'get_preset', 'Arm', 'register_arm', 'get_arm', 'run_name', 'run_variant',
+           'build_config', 'result_relevant', 'flat_model_config', 'preset_differences', 'conforms_to_preset',
+           'RunOptions', 'RunSpec', 'run_identity', 'split_keywords']
 
 # %% ../../nbs/05_train.ipynb #6c549d89
 #: The benchmarks (the registered tasks that have a chapter) and T of every registered task: views of the task
@@ -52,26 +49,18 @@ class TrainConfig:
     pin_memory: bool | None = None  # page-locked batches (asynchronous copies); None: on CUDA only
     compile: bool | None = None  # `torch.compile` the model; None: on CUDA only (the last three: execution only)
 
-    def __post_init__(self):
+    def __post_init__(self):  # TypeError / ValueError naming the field (hkt_nb._checks)
         for name in ("epochs", "batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            check_int(name, getattr(self, name))
         for name in ("n_train", "n_val", "n_test", "eval_batch_size"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be None or an int >= 1, got {value!r}")
-        if not self.lr > 0 or not 0 <= self.warmup_frac < 1 or not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"need lr > 0, 0 <= warmup_frac < 1, 0 <= min_lr_ratio <= 1; got {self.lr}, "
-                             f"{self.warmup_frac}, {self.min_lr_ratio}")
-        if self.num_workers is not None and (isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int)
-                                             or self.num_workers < 0):
-            raise ValueError(f"num_workers must be None or an int >= 0, got {self.num_workers!r}")
-        for name in ("pin_memory", "compile"):
-            if not (getattr(self, name) is None or isinstance(getattr(self, name), bool)):
-                raise ValueError(f"{name} must be None, True or False, got {getattr(self, name)!r}")
-        if self.amp not in AMP_MODES:
-            raise ValueError(f"amp must be one of {AMP_MODES}, got {self.amp!r}")
+            check_int(name, getattr(self, name), allow_none=True)
+        check_float("lr", self.lr, 0, low_open=True), check_float("weight_decay", self.weight_decay, 0)
+        check_float("warmup_frac", self.warmup_frac, 0, 1, high_open=True)
+        check_float("min_lr_ratio", self.min_lr_ratio, 0, 1), check_float("grad_clip", self.grad_clip, 0)
+        check_int("data_seed", self.data_seed, 0), check_int("num_workers", self.num_workers, 0, allow_none=True)
+        check_bool("save_model", self.save_model)
+        check_bool("pin_memory", self.pin_memory, allow_none=True), check_bool("compile", self.compile, allow_none=True)
+        check_choice("amp", self.amp, AMP_MODES)
 
     def caps(self) -> dict[str, int | None]:
         "The size cap of each split, `{'train': n_train, 'validation': n_val, 'test': n_test}` (built here only)."
@@ -134,49 +123,117 @@ def get_preset(preset: str | Preset) -> Preset:
     return PRESETS[preset]
 
 
-MODELS = ("hkt", "mha", "hkt_l1", "hkt_l2")  # the hierarchy ablation: HKT with 1 or 2 levels, same size
+# %% ../../nbs/05_train.ipynb #2ed18f5e
+@dataclass(frozen=True)
+class Arm:
+    """One model of an experiment, the `<model>` part of its run names: the attention variant `attention` (a name
+    of the core's variant registry, chapter 3) with the parameters `params` fixed over the preset's, sized by
+    `matched_to`: None keeps the preset's size, the name of another arm widens this one's MLP to that arm's
+    parameter count (`match_parameters`, chapter 3)."""
+    name: str
+    attention: str
+    params: dict = field(default_factory=dict)
+    matched_to: str | None = None
+    why: str = ""  # one line for the chapters
 
 
+#: The arms by name, in the order the chapters compare them (their plot colours follow this order).
+ARMS: dict[str, Arm] = {}
+
+
+def register_arm(arm: Arm) -> Arm:
+    """Add `arm` to `ARMS` (replacing an arm of the same name) and return it. Raises ValueError for a name that
+    cannot be part of a run name (empty, or with "-" or "/") and KeyError for a `matched_to` not registered."""
+    if not isinstance(arm.name, str) or not arm.name or any(c in arm.name for c in "-/ "):
+        raise ValueError(f"arm.name must be a non-empty name without '-', '/' or spaces, got {arm.name!r}")
+    if arm.matched_to is not None and arm.matched_to not in ARMS:
+        raise KeyError(f"arm.matched_to {arm.matched_to!r} is not a registered arm; registered: {sorted(ARMS)}")
+    ARMS[arm.name] = arm
+    return arm
+
+
+def get_arm(model: str) -> Arm:
+    "The arm named `model`; KeyError listing the registered arms for another name."
+    if model not in ARMS:
+        raise KeyError(f"model {model!r} is not a registered arm; registered: {sorted(ARMS)}")
+    return ARMS[model]
+
+
+register_arm(Arm("hkt", "hkt", why="the preset's HKT model"))
+register_arm(Arm("mha", "mha", matched_to="hkt", why="standard attention, MLP widened to HKT's parameter count"))
+for _levels in (1, 2):
+    register_arm(Arm(f"hkt_l{_levels}", "hkt", {"n_levels": _levels}, matched_to="hkt",
+                     why=f"HKT with {_levels} level(s), MLP widened to HKT's parameter count"))
+MODELS = tuple(ARMS)  # the built-in arms: the hierarchy ablation is HKT with 1 or 2 levels, same size
+
+# %% ../../nbs/05_train.ipynb #bc5f9c1e
 def run_name(
     task: str,
-    model: str,
+    model: str,  # an arm (`ARMS`)
     preset: str,  # the preset's name
     seed: int,
     variant: str | None = None,  # `run_variant` of a run that differs from its preset; None for the preset's own run
 ) -> str:
     """The name of a run: `<task>-<model>-<preset>-seed<k>` for a run of the preset itself, and
     `<task>-<model>-<preset>-<variant>-seed<k>` for a variant of it. Its results JSON is `<name>.json`, its test
-    predictions `predictions/<name>.npz`, its checkpoints `checkpoints/<name>/` (chapter 5, *Run names*)."""
+    predictions `predictions/<name>.npz`, its checkpoints `checkpoints/<name>/` (chapter 5, *Run names*). The one
+    rule for run names; this module imports no torch, so the results chapter and the run queue use it too."""
     return f"{task}-{model}-{preset}-{variant}-seed{seed}" if variant else f"{task}-{model}-{preset}-seed{seed}"
+
+
+def run_variant(differences: dict) -> str | None:
+    """The variant of a run that differs from its preset (`differences` from `preset_differences`): "x" and the first
+    6 hex digits of the SHA-1 of `differences` as sorted, compact JSON, so the same differences give the same name in
+    every process and on every machine; None when `differences` is empty (a run of the preset itself)."""
+    if not differences:
+        return None
+    text = json.dumps(differences, sort_keys=True, separators=(",", ":"))
+    return "x" + hashlib.sha1(text.encode()).hexdigest()[:6]
+
+# %% ../../nbs/05_train.ipynb #825f4d53
+def _arm_config(reference, arm: Arm):
+    """The reference (HKT) `ClassifierConfig` switched to the arm's attention variant, with the arm's parameters over
+    the reference's (those of another variant are dropped: each variant has its own, chapter 3)."""
+    params = reference.attention_params if arm.attention == reference.attention else {}
+    return replace(reference, attention=arm.attention, attention_params={**params, **arm.params})
 
 
 def build_config(
     task: str,  # sets the sequence length `SEQ_LEN[task]` unless `seq_len` is given
-    model: str,  # one of `MODELS`
-    preset: Preset,  # its `model` fields configure HKT
+    model: str,  # an arm (`ARMS`)
+    preset: Preset,  # its `model` fields configure the reference (HKT) model
     vocab_size: int,
     n_classes: int,
     seq_len: int | None = None,
     **overrides,  # `ClassifierConfig` fields replacing the preset's
-) -> ClassifierConfig:
-    """The `ClassifierConfig` of a run: the preset's model fields for "hkt"; for "mha" the standard-attention
-    model with the same parameter count (`matched_mha_config`); for "hkt_l1" / "hkt_l2" HKT with 1 / 2 levels,
-    its MLP widened by the same rule (`match_parameters`) to the parameter count of "hkt"."""
-    if model not in MODELS:
-        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
-    hkt = ClassifierConfig(vocab_size=vocab_size, n_classes=n_classes, max_len=seq_len or SEQ_LEN[task],
-                           attention="hkt", **{**preset.model, **overrides})
-    if model == "mha":
-        return matched_mha_config(hkt)
-    if model.startswith("hkt_l"):
-        return match_parameters(replace(hkt, n_levels=int(model[len("hkt_l"):])), count_parameters(hkt))
-    return hkt
+):  # a `ClassifierConfig` (chapter 3)
+    """The `ClassifierConfig` of a run: the preset's model fields (with `overrides`; HKT's parameters such as `n_levels`
+    may be given flat, as `ClassifierConfig.from_dict` reads them) for HKT, switched to the arm's
+    variant and parameters (`Arm`), and widened to the parameter count of `arm.matched_to` when it has one (for
+    "mha" this is `matched_mha_config`). Raises KeyError for an unregistered `model`, and what `ClassifierConfig`
+    raises for a bad override."""
+    from hkt_nb.model import ClassifierConfig, count_parameters, match_parameters  # torch: only when a model is built
 
+    arm = get_arm(model)
+    reference = ClassifierConfig.from_dict({"vocab_size": vocab_size, "n_classes": n_classes, "attention": "hkt",
+                                            "max_len": seq_len or SEQ_LEN[task], **preset.model, **overrides})
+    config = _arm_config(reference, arm)
+    if arm.matched_to is None:
+        return config
+    target = build_config(task, arm.matched_to, preset, vocab_size, n_classes, seq_len, **overrides)
+    return match_parameters(config, count_parameters(target))
 
+# %% ../../nbs/05_train.ipynb #607e7724
 def result_relevant(train_config: TrainConfig) -> dict:
     "The fields of `train_config` that change what a run computes (all but `EXECUTION_ONLY_FIELDS`), as stored."
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(train_config).items()
             if k not in EXECUTION_ONLY_FIELDS}
+
+
+def flat_model_config(model_config: dict) -> dict:
+    """A `ClassifierConfig.to_dict()` with the variant's parameters at top level: the form variant names hash (as
+    before the variant registry, so names stay) and the chapters' setting tables print."""
+    return {**{k: v for k, v in model_config.items() if k != "attention_params"}, **model_config.get("attention_params", {})}
 
 
 def preset_differences(
@@ -196,41 +253,140 @@ def preset_differences(
     wanted, given = result_relevant(preset.train_config(task)), result_relevant(train_config)
     differences = {"train": {k: v for k, v in given.items() if wanted.get(k) != v}}
     if model_overrides:
-        base = build_config(task, "hkt", preset, 1, 1).to_dict()  # vocabulary and classes come from the data
-        changed = build_config(task, "hkt", preset, 1, 1, **model_overrides).to_dict()
+        base = flat_model_config(build_config(task, "hkt", preset, 1, 1).to_dict())  # vocabulary, classes: the data's
+        changed = flat_model_config(build_config(task, "hkt", preset, 1, 1, **model_overrides).to_dict())
         differences["model"] = {k: v for k, v in changed.items() if base.get(k) != v}
     differences = {part: values for part, values in differences.items() if values}
     if dataset_sizes is not None:
         differences["dataset"] = dict(dataset_sizes)
     return json.loads(json.dumps(differences))  # tuples -> lists, as in the record
 
+# %% ../../nbs/05_train.ipynb #4f01da01
+#: Bumped (and said so in the commit) by a change that alters what runs compute; a record stores the version it was
+#: trained under (`"results_version"`, absent = 1) and conforms to a preset only under the current one.
+RESULTS_VERSION = 1
 
-def run_variant(differences: dict) -> str | None:
-    """The variant of a run that differs from its preset (`differences` from `preset_differences`): "x" and the first
-    6 hex digits of the SHA-1 of `differences` as sorted, compact JSON, so the same differences give the same name in
-    every process and on every machine; None when `differences` is empty (a run of the preset itself)."""
-    if not differences:
-        return None
-    text = json.dumps(differences, sort_keys=True, separators=(",", ":"))
-    return "x" + hashlib.sha1(text.encode()).hexdigest()[:6]
+
+def _stored_train(stored: dict, config_class=TrainConfig) -> dict:
+    "A stored training configuration read back through `config_class` (missing fields: their defaults), as stored."
+    return result_relevant(config_class(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}))
+
+
+def _stored_model(stored: dict) -> dict:
+    """A stored model configuration read back through `ClassifierConfig.from_dict` (missing fields: their defaults;
+    the flat form of the records written before the variant registry is read too), as JSON."""
+    from hkt_nb.model import ClassifierConfig  # torch: only when a record is checked
+    return json.loads(json.dumps(ClassifierConfig.from_dict(stored).to_dict()))
 
 
 def conforms_to_preset(
     record: dict,  # a results record (chapter 5: `"task"`, `"model"`, `"preset"`, `"config"`, `"data"`)
     preset: str | Preset,  # the preset (or its name) as it is today
 ) -> bool:
-    """Whether `record` is a run of `preset` as the preset is defined today: no variant, the preset's name, and
-    exactly the model configuration and result-relevant training configuration (`result_relevant`) the preset
-    gives for the record's task and model. Execution-only fields are not compared. A record missing any of these
-    is not conforming. The one comparison behind `finished_run` (reuse) and `load_runs` (the results tables)."""
+    """Whether `record` is a run of `preset` as the preset is defined today: no variant, the preset's name, the current
+    `RESULTS_VERSION`, and the model configuration and result-relevant training configuration the preset gives for the
+    record's task and model, both compared after reading the stored ones back through their dataclasses (a field
+    added with a default since the record was written takes its default). Execution-only fields are not compared. A
+    record missing any of these is not conforming. The one comparison behind `finished_run` (reuse) and `load_runs`
+    (the results tables)."""
     preset = get_preset(preset)
     try:
         if record.get("variant") or record.get("overrides") or record["preset"] != preset.name:
             return False
+        if record.get("results_version", 1) != RESULTS_VERSION:
+            return False
         task, data = record["task"], record["data"]
+        wanted = preset.train_config(task)
         model = build_config(task, record["model"], preset, data["vocab_size"], data["n_classes"]).to_dict()
-        stored_train = record["config"]["train"]
-        same_train = all(stored_train.get(k) == v for k, v in result_relevant(preset.train_config(task)).items())
-        return same_train and record["config"]["model"] == json.loads(json.dumps(model))
+        same_train = _stored_train(record["config"]["train"], type(wanted)) == result_relevant(wanted)
+        return same_train and _stored_model(record["config"]["model"]) == json.loads(json.dumps(model))
     except (KeyError, TypeError, ValueError):
         return False
+
+# %% ../../nbs/05_train.ipynb #5e6b3911
+@dataclass(frozen=True)
+class RunOptions:
+    "How a run executes (never what it computes): where it reads and writes, resumption and output."
+    device: str = "auto"  # "auto", "cpu" or "cuda[:k]"
+    data_dir: str | os.PathLike | None = None  # local data (default `$HKT_DATA_DIR`, chapter 4)
+    results_dir: str | os.PathLike = "results"  # where `<run>.json`, predictions/ and checkpoints/ go
+    checkpoint_dir: str | os.PathLike | None = None  # per-epoch checkpoints; default `<results_dir>/checkpoints/<run>`
+    resume: bool = True  # continue from a checkpoint of the same configuration
+    progress: bool | None = None  # a tqdm bar per epoch (None: where tqdm can draw one, e.g. a terminal)
+    verbose: bool = True  # print one line per epoch
+    stop_after: int | None = None  # end this call after that many epochs in total (rerun to resume)
+    time_budget_s: float | None = None  # stop cleanly between two steps after this many seconds of this call
+
+# %% ../../nbs/05_train.ipynb #fdc8aab3
+@dataclass(frozen=True)
+class RunSpec:
+    """What a run computes: task, model (an arm), preset and seed, plus overrides of the preset and an optional
+    dataset. Anything here that changes what the preset computes makes the run a variant of it (`run_identity`)."""
+    task: str  # "listops", "imdb", "scifar10" or "synthetic"
+    model: str = "hkt"  # an arm (`ARMS`)
+    preset: str | Preset = "smoke"
+    seed: int = 0
+    epochs: int | None = None  # overrides the preset's epochs (None = the preset's)
+    dataset: object = None  # a ready `DatasetDict` (train / validation / test) instead of loading `task`
+    model_overrides: dict | None = None  # fields of the preset's model to replace
+    train_overrides: dict | None = None  # fields of the preset's `TrainConfig` to replace
+
+    def __post_init__(self):  # TypeError / ValueError naming the field (hkt_nb._checks)
+        check_int("seed", self.seed, 0), check_int("epochs", self.epochs, allow_none=True)
+
+    def resolved(self) -> RunSpec:
+        "This spec with its preset looked up (`get_preset`: a `Preset`, never a name)."
+        return replace(self, preset=get_preset(self.preset))
+
+    def train_config(self) -> TrainConfig:
+        "The preset's `TrainConfig` for the task, with this run's epochs and overrides."
+        overrides = dict(self.train_overrides or {})
+        if self.epochs is not None:
+            overrides["epochs"] = self.epochs
+        return replace(get_preset(self.preset).train_config(self.task), **overrides)
+
+    def load_splits(self, data_dir=None) -> tuple[dict, int, int]:
+        """`(splits, vocab_size, n_classes)` of the run: the task's benchmark (chapter 4, from `data_dir`) capped once
+        to `train_config().caps()`, or the given `dataset` capped by the same rule. Raises ValueError naming the
+        splits a given dataset lacks."""
+        from hkt_nb.lra.benchmarks import load_task, subsample, task_sizes  # the data libraries: only to load data
+
+        train_config = self.train_config()
+        caps = train_config.caps()
+        if self.dataset is None:
+            dataset_dict = load_task(self.task, data_dir, caps=caps, seed=train_config.data_seed)
+            splits = {split: dataset_dict[split] for split in caps}
+        else:
+            missing = [split for split in caps if split not in self.dataset]
+            if missing:
+                raise ValueError(f"dataset lacks the split(s) {missing}: train needs train, validation and test "
+                                 f"(it has {list(self.dataset)})")
+            dataset_dict = self.dataset
+            splits = {split: subsample(dataset_dict[split], cap, train_config.data_seed) for split, cap in caps.items()}
+        return (splits, *task_sizes(self.task, dataset_dict))
+
+# %% ../../nbs/05_train.ipynb #5d9c1beb
+def run_identity(spec: RunSpec) -> tuple[str, dict]:
+    """`(name, differences)` of a run: `differences` is what it computes differently from its preset
+    (`preset_differences` of its training configuration, model overrides and, for a given dataset, the sizes of
+    its splits), and `name` is `run_name` with the variant `run_variant(differences)`: exactly
+    `<task>-<model>-<preset>-seed<k>` for a run of the preset itself (differences `{}`), else
+    `<task>-<model>-<preset>-<variant>-seed<k>`. Raises ValueError / TypeError for an unknown preset or a bad
+    override (chapter 5, *Run names*)."""
+    preset = get_preset(spec.preset)
+    sizes = None if spec.dataset is None else {split: len(spec.dataset[split])
+                                                for split in ("train", "validation", "test") if split in spec.dataset}
+    differences = preset_differences(spec.task, preset, spec.train_config(), spec.model_overrides, sizes)
+    return run_name(spec.task, spec.model, preset.name, spec.seed, run_variant(differences)), differences
+
+
+def split_keywords(keywords: dict) -> tuple[dict, dict]:
+    "Keyword arguments of `train` sorted into `RunSpec` and `RunOptions` fields (TypeError for any other)."
+    spec_fields = {f.name for f in fields(RunSpec)} - {"task", "model", "preset", "seed"}
+    option_fields = {f.name for f in fields(RunOptions)}
+    unknown = sorted(set(keywords) - spec_fields - option_fields)
+    if unknown:
+        raise TypeError(f"train() got unexpected keyword argument(s) {unknown}; "
+                        f"allowed: {sorted(spec_fields | option_fields)}")
+    return ({k: v for k, v in keywords.items() if k in spec_fields},
+            {k: v for k, v in keywords.items() if k in option_fields})

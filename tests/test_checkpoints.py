@@ -1,0 +1,129 @@
+"""Tests of hkt_nb.lra.checkpoints: exact resumption (after an interruption and after SIGKILL), a checkpoint of
+another configuration or a damaged one refused with a clear message, folders checked before any work."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hkt_nb.lra.checkpoints import _comparable, atomic_save, rng_state, seed_everything, set_rng_state
+from hkt_nb.lra.config import run_name, run_variant
+from hkt_nb.lra.loop import train
+
+QUIET = dict(device="cpu", progress=False, verbose=False)
+TIMING = ("train_time_s", "train_examples_per_s")
+
+
+def untimed(history):
+    return [{k: v for k, v in h.items() if k not in TIMING} for h in history]
+
+
+def test_resume_after_interruption_equals_uninterrupted(tmp_path, one_thread):
+    kw = dict(device="cpu", progress=False, verbose=False, model_overrides={"dropout": 0.1},  # dropout: RNG matters
+              train_overrides={"epochs": 3, "n_train": 128, "n_val": 64, "n_test": 64, "save_model": True})
+    full = train("synthetic", "hkt", "smoke", 3, results_dir=tmp_path / "a", checkpoint_dir=tmp_path / "ca", **kw)
+    part = train("synthetic", "hkt", "smoke", 3, results_dir=tmp_path / "b", checkpoint_dir=tmp_path / "cb",
+                 stop_after=1, **kw)
+    assert not part["complete"] and len(part["history"]) == 1 and (tmp_path / "cb" / "last.pt").exists()
+    assert not (tmp_path / "b" / f"{part['run']}.json").exists()  # no results file for an unfinished run
+    resumed = train("synthetic", "hkt", "smoke", 3, results_dir=tmp_path / "b", checkpoint_dir=tmp_path / "cb", **kw)
+    assert resumed["complete"] and untimed(resumed["history"]) == untimed(full["history"])
+    assert resumed["test_acc"] == full["test_acc"] and resumed["lambdas"] == full["lambdas"]
+    a = torch.load(tmp_path / "a" / full["model_path"], weights_only=True)["state_dict"]
+    b = torch.load(tmp_path / "b" / resumed["model_path"], weights_only=True)["state_dict"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_refuses_a_different_configuration(tmp_path, one_thread):
+    kw = dict(device="cpu", progress=False, verbose=False, results_dir=tmp_path, checkpoint_dir=tmp_path / "c",
+              train_overrides={"n_train": 64, "n_val": 32, "n_test": 32})
+    train("synthetic", "hkt", "smoke", 0, stop_after=1, **kw)
+    with pytest.raises(ValueError, match="different configuration"):
+        train("synthetic", "hkt", "smoke", 0, model_overrides={"d_model": 16}, **kw)
+    r = train("synthetic", "hkt", "smoke", 0, model_overrides={"d_model": 16}, resume=False, **kw)
+    assert r["complete"] and r["config"]["model"]["d_model"] == 16
+
+
+@pytest.mark.parametrize("option", ["results_dir", "checkpoint_dir"])
+def test_unwritable_folder_fails_before_training(tmp_path, option):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    folders = {"results_dir": tmp_path / "r", "checkpoint_dir": tmp_path / "c", option: blocker / "sub"}
+    with pytest.raises(ValueError, match=f"{option} .*a-file"):
+        train("synthetic", **folders, **QUIET)
+    assert not (tmp_path / "r").exists() or not list((tmp_path / "r").iterdir())
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_damaged_checkpoint_names_the_file_and_the_way_out(tmp_path, damage):
+    kw = dict(results_dir=tmp_path / "r", checkpoint_dir=tmp_path / "c", **QUIET,
+              train_overrides={"n_train": 32, "n_val": 16, "n_test": 16})
+    train("synthetic", stop_after=1, **kw)
+    checkpoint = tmp_path / "c" / "last.pt"
+    data = checkpoint.read_bytes()
+    checkpoint.write_bytes({"truncate": data[: len(data) // 2], "garbage": b"x" * 100, "empty": b""}[damage])
+    with pytest.raises(RuntimeError, match="last.pt") as error:
+        train("synthetic", **kw)
+    assert "--no-resume" in str(error.value) and "weights_only=False" not in str(error.value)
+    assert train("synthetic", resume=False, **kw)["complete"]
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_loses_no_finished_epoch(tmp_path, one_thread):
+    """A real kill: SIGKILL the CLI once its first epoch is checkpointed, rerun the same command, and compare
+    with an uninterrupted run (same seed, one thread): every epoch's metrics and the test accuracy agree."""
+    import signal
+    import time
+
+    epochs = 12
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    cmd = [sys.executable, "-m", "hkt_nb.lra.runs", "--task", "synthetic", "--model", "hkt", "--preset", "smoke",
+           "--seed", "5", "--device", "cpu", "--epochs", str(epochs), "--threads", "1", "--no-progress",
+           "--results-dir", str(tmp_path / "r"), "--checkpoint-dir", str(tmp_path / "c")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ckpt, deadline = tmp_path / "c" / "last.pt", time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if ckpt.exists() and torch.load(ckpt, weights_only=True)["epoch"] >= 1:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    assert proc.wait(timeout=60) == -signal.SIGKILL, "the run ended before it could be killed"
+    killed_at = torch.load(ckpt, weights_only=True)["epoch"]
+    assert 1 <= killed_at < epochs and not list((tmp_path / "r").glob("*.json"))  # killed mid-run: no results yet
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"resumed from {ckpt} after epoch {killed_at}" in out.stdout
+    name = run_name("synthetic", "hkt", "smoke", 5, run_variant({"train": {"epochs": epochs}}))  # --epochs: a variant
+    resumed = json.loads((tmp_path / "r" / f"{name}.json").read_text())
+    full = train("synthetic", "hkt", "smoke", 5, device="cpu", epochs=epochs, progress=False, verbose=False,
+                 results_dir=tmp_path / "full", checkpoint_dir=tmp_path / "cf")
+    assert len(resumed["history"]) == epochs
+    for a, b in zip(resumed["history"], full["history"]):
+        for k in ("train_loss", "val_loss", "val_acc", "lr"):
+            assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), (a["epoch"], k)
+    assert resumed["test_acc"] == full["test_acc"]
+
+
+
+def test_random_states_round_trip_and_checkpoints_write_atomically(tmp_path):
+    seed_everything(3)
+    state = rng_state()
+    first = torch.rand(3)
+    set_rng_state(state)
+    assert torch.equal(torch.rand(3), first)
+    atomic_save({"a": 1}, tmp_path / "x.json")
+    assert json.loads((tmp_path / "x.json").read_text()) == {"a": 1} and not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_checkpoint_of_the_flat_model_config_still_resumes():
+    "A fingerprint written before the variant registry (flat n_levels, ...) compares equal to today's."
+    flat = {"vocab_size": 5, "n_classes": 4, "max_len": 64, "d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 128,
+            "dropout": 0.0, "attn_dropout": 0.0, "attention": "hkt", "n_levels": 3, "stride": 2, "kernel_size": None,
+            "conv_kernel_size": 3, "causal": False}
+    nested = {**{k: v for k, v in flat.items() if k not in ("n_levels", "stride", "kernel_size", "conv_kernel_size")},
+              "attention_params": {"n_levels": 3, "stride": 2, "kernel_size": None, "conv_kernel_size": 3}}
+    assert _comparable({"model_config": flat, "train_config": {"num_workers": 2}}) == \
+        _comparable({"model_config": nested, "train_config": {}})

@@ -1,0 +1,183 @@
+"""Tests of hkt_nb.lra.config: parameter matching of the arms, the arms registry, run names and variants, the
+validation of TrainConfig and RunSpec, conformance of records (every committed record; a field added with a
+default; a changed value), and that the module imports no torch."""
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hkt_nb.lra.benchmarks import synthetic_benchmark
+from hkt_nb.lra.config import (
+    ARMS,
+    PRESETS,
+    RESULTS_VERSION,
+    TASKS,
+    Arm,
+    Preset,
+    RunSpec,
+    TrainConfig,
+    build_config,
+    conforms_to_preset,
+    get_arm,
+    get_preset,
+    preset_differences,
+    register_arm,
+    run_identity,
+    run_name,
+    run_variant,
+)
+from hkt_nb.model import count_parameters
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize("task", TASKS)
+def test_mha_baseline_is_parameter_matched(task, preset):
+    hkt = build_config(task, "hkt", PRESETS[preset], vocab_size=260, n_classes=10)
+    mha = build_config(task, "mha", PRESETS[preset], vocab_size=260, n_classes=10)
+    assert (hkt.attention, mha.attention) == ("hkt", "mha")
+    assert (mha.d_model, mha.n_heads, mha.n_layers, mha.max_len) == (hkt.d_model, hkt.n_heads, hkt.n_layers, hkt.max_len)
+    assert abs(count_parameters(mha) - count_parameters(hkt)) <= hkt.n_layers * (2 * hkt.d_model + 1) / 2
+
+
+def test_train_config_rejects_bad_types():
+    for field, value in (("epochs", 0), ("epochs", "2"), ("batch_size", 2.0), ("n_train", 0), ("n_val", "5")):
+        with pytest.raises(TypeError if isinstance(value, (str, float)) else ValueError, match=field):
+            TrainConfig(**{field: value})
+
+
+def test_variant_name_is_stable_and_follows_the_differences():
+    cpu = get_preset("cpu")
+    name, differences = run_identity(RunSpec("listops", "hkt", "cpu", 0, epochs=1))
+    assert differences == {"train": {"epochs": 1}}
+    text = json.dumps(differences, sort_keys=True, separators=(",", ":"))
+    variant = "x" + hashlib.sha1(text.encode()).hexdigest()[:6]
+    assert variant == "x240573" and run_variant(differences) == variant  # the same in every process and machine
+    assert name == run_name("listops", "hkt", "cpu", 0, variant) == "listops-hkt-cpu-x240573-seed0"
+    assert run_identity(RunSpec("listops", "hkt", "cpu", 0, epochs=1)) == (name, differences)  # stable across calls
+    others = [RunSpec("listops", "hkt", "cpu", 0, epochs=2), RunSpec("listops", "hkt", "cpu", 1, epochs=1),
+              RunSpec("listops", "hkt", "cpu", 0, train_overrides={"n_train": 64}),
+              RunSpec("listops", "hkt", "cpu", 0, epochs=1, train_overrides={"lr": 5e-4}),
+              RunSpec("listops", "mha", "cpu", 0, epochs=1), RunSpec("listops", "hkt", "cpu", 0, model_overrides={"d_model": 32}),
+              RunSpec("listops", "hkt", "cpu", 0, dataset=synthetic_benchmark(n_train=16, n_val=8, n_test=8, seq_len=16))]
+    names = [run_identity(spec)[0] for spec in others]
+    assert len(set(names + [name])) == len(others) + 1 and all("-cpu-x" in n for n in names)
+    assert run_identity(others[5])[1] == {"model": {"d_model": 32, "d_ff": 128}}  # with the derived MLP width
+    assert run_identity(others[6])[1] == {"dataset": {"train": 16, "validation": 8, "test": 8}}
+    assert preset_differences("listops", cpu, cpu.train_config("listops")) == {} and run_variant({}) is None
+
+
+@pytest.mark.parametrize("spec", [
+    RunSpec("listops", "hkt", "cpu", 0),
+    RunSpec("listops", "hkt", "cpu", 0, train_overrides={"compile": False, "num_workers": 0, "pin_memory": True}),
+    RunSpec("listops", "hkt", "cpu", 0, train_overrides={"compile": True, "num_workers": 4}),
+    RunSpec("listops", "hkt", "cpu", 0, epochs=5, train_overrides={"amp": "auto", "n_train": 6000}),  # the preset's
+    RunSpec("listops", "hkt", "cpu", 0, model_overrides={"dropout": 0.1, "d_model": 64})],  # own values
+    ids=["plain", "execution-only", "compile-workers", "preset-values", "preset-model"])
+def test_a_run_that_computes_what_the_preset_says_keeps_its_name(spec):
+    assert run_identity(spec) == ("listops-hkt-cpu-seed0", {})
+
+
+@pytest.mark.parametrize("field, value, error", [("seed", -1, ValueError), ("seed", "0", TypeError),
+                                                 ("epochs", 0, ValueError), ("epochs", 1.0, TypeError)])
+def test_run_spec_names_a_bad_field(field, value, error):
+    with pytest.raises(error, match=field):
+        RunSpec("listops", **{field: value})
+
+
+def test_unknown_names_raise_naming_the_argument():
+    with pytest.raises(ValueError, match="preset"):
+        get_preset("nope")
+    with pytest.raises(KeyError, match="model.*registered"):
+        build_config("listops", "rnn", PRESETS["smoke"], 20, 10)
+
+
+# ---------------------------------------------------------------- the arms registry
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_arm_is_its_variant_and_params_at_its_size(preset):
+    configs = {name: build_config("listops", name, PRESETS[preset], 20, 10) for name in ARMS}
+    for name, config in configs.items():
+        arm = get_arm(name)
+        assert config.attention == arm.attention
+        assert arm.params.items() <= config.attention_params.items()
+        if arm.matched_to is not None:
+            target = count_parameters(configs[arm.matched_to])
+            assert abs(count_parameters(config) - target) <= config.n_layers * (2 * config.d_model + 1) / 2
+    assert [configs[f"hkt_l{n}"].attention_params["n_levels"] for n in (1, 2)] == [1, 2]
+    assert configs["hkt"].attention_params["n_levels"] == PRESETS[preset].model["n_levels"]
+
+
+def test_register_arm_checks_the_name_and_the_size_rule():
+    with pytest.raises(ValueError, match="arm.name"):
+        register_arm(Arm("hkt-2", "hkt"))
+    with pytest.raises(KeyError, match="arm.matched_to"):
+        register_arm(Arm("hkt_x", "hkt", matched_to="nothing"))
+    assert "hkt_x" not in ARMS and "hkt-2" not in ARMS
+
+
+# ---------------------------------------------------------------- records stay valid (issue 22, item 4)
+COMMITTED = [p for p in sorted((REPO / "results").glob("*.json")) if '"preset"' in p.read_text()[:2000]]
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.stem)
+def test_every_committed_record_conforms_to_its_preset(path):
+    record = json.loads(path.read_text())
+    assert record.get("results_version", 1) == RESULTS_VERSION
+    assert conforms_to_preset(record, record["preset"]), path.name
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtendedTrainConfig(TrainConfig):
+    "TrainConfig with a field added later, with a default (as a future version of the library might add one)."
+    label_smoothing: float = 0.0
+
+
+def _extended(preset: Preset) -> Preset:
+    return dataclasses.replace(preset, train=ExtendedTrainConfig(**dataclasses.asdict(preset.train)))
+
+
+def test_a_field_added_with_a_default_changes_nothing(committed_record):
+    extended = _extended(PRESETS["cpu"])
+    assert conforms_to_preset(committed_record, extended)  # the stored config lacks the field: its default
+    stored = committed_record["config"]["train"]
+    with_field = {**committed_record, "config": {**committed_record["config"], "train": {**stored, "label_smoothing": 0.0}}}
+    assert conforms_to_preset(with_field, extended)
+    model = {k: v for k, v in committed_record["config"]["model"].items() if k not in ("causal", "attn_dropout")}
+    fewer = {**committed_record, "config": {**committed_record["config"], "model": model}}
+    assert conforms_to_preset(fewer, "cpu")  # model fields missing from a record take their defaults too
+
+
+@pytest.mark.parametrize("part, key, value", [("train", "label_smoothing", 0.1), ("train", "lr", 0.5),
+                                              ("train", "epochs", 1), ("model", "d_model", 32),
+                                              ("model", "n_levels", 2), ("record", "results_version", 2)])
+def test_a_changed_result_relevant_value_does_not_conform(committed_record, part, key, value):
+    record = json.loads(json.dumps(committed_record))
+    if part == "record":
+        record[key] = RESULTS_VERSION + 1
+    else:
+        record["config"][part][key] = value
+    assert not conforms_to_preset(record, _extended(PRESETS["cpu"]))
+
+
+def test_config_imports_no_torch():
+    "run_name, the presets and the arms are read without torch (the results chapter and the run queue use them)."
+    code = ("import sys, types; package = types.ModuleType('hkt_nb'); package.__path__ = [sys.argv[1]]; "
+            "sys.modules['hkt_nb'] = package; import hkt_nb.lra.config as config; "
+            "assert config.run_name('listops', 'hkt', 'cpu', 0) == 'listops-hkt-cpu-seed0'; "
+            "assert 'torch' not in sys.modules, 'torch was imported by ' + ', '.join(sorted(m for m in sys.modules "
+            "if m.startswith('hkt_nb')))")  # then import the model and data code lazily (as build_config does)
+    subprocess.run([sys.executable, "-c", code, str(REPO / "hkt_nb")], check=True, timeout=120,
+                   env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_a_variant_parameter_override_keeps_the_name_it_had_before_the_registry():
+    "Overrides of HKT's own parameters are hashed in the flat form, so such variants keep their names."
+    name, differences = run_identity(RunSpec("listops", "hkt", "cpu", 0, model_overrides={"n_levels": 2}))
+    assert differences == {"model": {"n_levels": 2}}
+    assert name == run_name("listops", "hkt", "cpu", 0, run_variant({"model": {"n_levels": 2}}))

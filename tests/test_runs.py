@@ -1,0 +1,155 @@
+"""Tests of hkt_nb.lra.runs: the command line (every value honoured or rejected), the experiment parameters as
+papermill passes them, reuse of finished runs (the committed ones; execution-only fields never make a run stale)
+and a shortened run that never replaces its preset's."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hkt_nb.lra.config import get_preset, run_name, run_variant
+from hkt_nb.lra.loop import train
+from hkt_nb.lra.results import load_runs
+from hkt_nb.lra.runs import check_experiment_parameters, finished_run, load_or_train, main, parse_args
+
+REPO = Path(__file__).resolve().parents[1]
+QUIET = dict(device="cpu", progress=False, verbose=False)
+
+
+def test_cli_parses_and_rejects():
+    a = parse_args(["--task", "imdb", "--model", "mha", "--preset", "cpu", "--seed", "2", "--device", "cuda",
+                    "--data-dir", "/x", "--results-dir", "r", "--epochs", "3", "--threads", "1"])
+    assert (a.task, a.model, a.preset, a.seed, a.device, a.data_dir, a.results_dir, a.epochs, a.threads) == \
+        ("imdb", "mha", "cpu", 2, "cuda", "/x", "r", 3, 1)
+    for bad in (["--task", "mnist"], ["--task", "listops", "--model", "rnn"], ["--task", "listops", "--preset", "x"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+
+
+@pytest.mark.parametrize("argument", [["--epochs", "0"], ["--epochs", "-2"], ["--threads", "0"], ["--seed", "-1"],
+                                      ["--epochs", "two"], ["--seed", "1.5"], ["--device", "tpu"], ["--model", "rnn"]])
+def test_cli_rejects_values_instead_of_ignoring_them(argument, capsys):
+    "Exit status 2 and a message naming the argument and the value given (never read as 'not given')."
+    with pytest.raises(SystemExit) as exit:
+        parse_args(["--task", "listops", *argument])
+    error = capsys.readouterr().err
+    assert exit.value.code == 2 and f"argument {argument[0]}:" in error and argument[1] in error, error
+
+
+def test_cli_honours_every_value():
+    arguments = parse_args(["--task", "listops", "--epochs", "1", "--threads", "1", "--seed", "0"])
+    assert (arguments.epochs, arguments.threads, arguments.seed) == (1, 1, 0)
+    assert parse_args(["--task", "listops"]).epochs is None
+
+
+GOOD = dict(task="listops", models=["hkt", "mha"], preset="smoke", seeds=[0], device="auto", data_dir=None,
+            results_dir="results", retrain=False)
+
+
+@pytest.mark.parametrize("name, text, expected", [
+    ("seeds", "[0, 1]", [0, 1]), ("seeds", "0,1", [0, 1]), ("seeds", 3, [3]),
+    ("models", "['hkt', 'mha']", ["hkt", "mha"]), ("models", "mha", ["mha"])])
+def test_parameters_accept_lists_as_papermill_passes_them(name, text, expected):
+    assert check_experiment_parameters(**{**GOOD, name: text})[name] == expected
+
+
+@pytest.mark.parametrize("name, value", [
+    ("task", "mnist"), ("models", ["rnn"]), ("models", []), ("preset", "huge"), ("seeds", "[0, 'a']"),
+    ("seeds", [-1]), ("seeds", "zero"), ("device", "tpu"), ("retrain", "yes"), ("results_dir", 3)])
+def test_bad_parameters_name_the_parameter(name, value):
+    with pytest.raises((TypeError, ValueError), match=name):
+        check_experiment_parameters(**{**GOOD, name: value})
+
+
+def test_seeds_none_means_the_presets_seeds():
+    for preset in ("smoke", "cpu", "paper"):
+        assert check_experiment_parameters(**{**GOOD, "preset": preset, "seeds": None})["seeds"] == list(
+            get_preset(preset).seeds)
+
+
+@pytest.mark.parametrize("chapter", ["06_listops", "07_scifar10", "08_imdb"])
+def test_papermill_lists_every_parameter(chapter):
+    papermill = Path(sys.executable).with_name("papermill")
+    out = subprocess.run([str(papermill), "--help-notebook", str(REPO / "nbs" / f"{chapter}.ipynb")],
+                         capture_output=True, text=True, timeout=120)
+    notebook = json.loads((REPO / "nbs" / f"{chapter}.ipynb").read_text())
+    cell = next(c for c in notebook["cells"] if "parameters" in c["metadata"].get("tags", []))
+    names = [line.split("=")[0].strip() for line in "".join(cell["source"]).splitlines() if "=" in line]
+    assert names == ["models", "preset", "seeds", "device", "data_dir", "results_dir", "retrain"]
+    for name in names:
+        assert f"  {name}:" in out.stdout, (name, out.stdout)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "results").glob("*-cpu-seed0.json")), ids=lambda p: p.stem)
+def test_finished_run_accepts_the_committed_records(path):
+    record = json.loads(path.read_text())
+    found = finished_run(record["task"], record["model"], "cpu", 0, REPO / "results")
+    assert found is not None and found["test_acc"] == record["test_acc"]
+
+
+def test_execution_only_fields_never_make_a_run_stale(tmp_path):
+    source = REPO / "results" / "listops-hkt-cpu-seed0.json"
+    if not source.is_file():
+        pytest.skip("no committed cpu run")
+    record = json.loads(source.read_text())
+    record["config"]["train"]["num_workers"] = 4  # execution only
+    (tmp_path / source.name).write_text(json.dumps(record))
+    assert finished_run("listops", "hkt", "cpu", 0, tmp_path) is not None
+    record["config"]["train"]["lr"] = 0.5  # result-relevant
+    (tmp_path / source.name).write_text(json.dumps(record))
+    assert finished_run("listops", "hkt", "cpu", 0, tmp_path) is None
+
+
+def test_cli_epochs_1_never_overwrites_the_preset_run(tmp_path, capsys, one_thread):
+    """`hkt-train --epochs 1` under the cpu preset (on the small synthetic task): the preset's record, predictions
+    and model are left as they were, the shortened run is written under its variant name with its differences, and
+    neither `finished_run`, `load_or_train` nor `load_runs(..., preset=...)` takes it for a run of the preset."""
+    committed = REPO / "results" / "listops-hkt-cpu-seed0.json"
+    if committed.is_file():  # a real committed record in the same folder must be untouched and still counted
+        (tmp_path / committed.name).write_bytes(committed.read_bytes())
+    preset_run = train("synthetic", "hkt", "cpu", 0, results_dir=tmp_path, **QUIET,
+                       train_overrides={"compile": False, "num_workers": 0})  # execution only: still the preset's run
+    assert preset_run["run"] == "synthetic-hkt-cpu-seed0" and preset_run["variant"] is None
+    assert preset_run["overrides"] == {} and len(preset_run["history"]) == get_preset("cpu").train.epochs
+    files = [tmp_path / f for f in ("synthetic-hkt-cpu-seed0.json", "predictions/synthetic-hkt-cpu-seed0.npz",
+                                    "checkpoints/synthetic-hkt-cpu-seed0.pt")]
+    before = {f: f.read_bytes() for f in files}
+    capsys.readouterr()
+    main(["--task", "synthetic", "--preset", "cpu", "--seed", "0", "--epochs", "1", "--device", "cpu",
+          "--threads", "1", "--no-progress", "--results-dir", str(tmp_path)])
+    printed = capsys.readouterr().out
+    name = run_name("synthetic", "hkt", "cpu", 0, run_variant({"train": {"epochs": 1}}))
+    assert {f: f.read_bytes() for f in files} == before  # the preset's run is as it was
+    variant = json.loads((tmp_path / f"{name}.json").read_text())
+    assert variant["run"] == name and variant["preset"] == "cpu" and variant["overrides"] == {"train": {"epochs": 1}}
+    assert len(variant["history"]) == 1 and (tmp_path / "predictions" / f"{name}.npz").is_file()
+    assert (tmp_path / "checkpoints" / f"{name}.pt").is_file() and variant["model_path"] == f"checkpoints/{name}.pt"
+    assert f"a variant of preset 'cpu' (train epochs=1), written to {tmp_path.resolve() / name}.json" in printed, printed
+    assert finished_run("synthetic", "hkt", "cpu", 0, tmp_path)["created"] == preset_run["created"]
+    expected = {"synthetic-hkt-cpu-seed0"} | ({"listops-hkt-cpu-seed0"} if committed.is_file() else set())
+    assert set(load_runs(tmp_path, "cpu")) == expected
+    assert set(load_runs(tmp_path)) == expected | {name} and load_runs(tmp_path, "smoke") == {}
+    assert load_or_train("synthetic", "hkt", "cpu", 0, results_dir=tmp_path, device="cpu")["loaded"] is True
+    again = load_or_train("synthetic", "hkt", "cpu", 0, results_dir=tmp_path, epochs=1, **QUIET)
+    assert again["loaded"] is False and again["run"] == name  # never the preset's record for a shortened run
+    assert {f: f.read_bytes() for f in files} == before
+
+
+
+def test_plot_colours_follow_the_arms_registry(temporary_arm):
+    "Experiment.plot draws each arm in its own colour, C<k> for the k-th registered arm (a new arm included)."
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.colors import to_rgba
+
+    from hkt_nb.lra.config import ARMS, PRESETS, Arm
+    from hkt_nb.lra.runs import Experiment
+    temporary_arm(Arm("hkt_s3", "hkt", {"stride": 3}, matched_to="hkt"))
+    record = {"history": [{"epoch": 1, "val_acc": 0.5, "train_loss": 1.0}], "majority_test_acc": 0.25}
+    experiment = Experiment("listops", PRESETS["smoke"], {}, PRESETS["smoke"].train,
+                            {(model, 0): record for model in ("hkt", "mha", "hkt_s3")})
+    accuracy_axis = experiment.plot().axes[0]
+    colours = {line.get_label(): line.get_color() for line in accuracy_axis.get_lines()}
+    for model in ("hkt", "mha", "hkt_s3"):
+        assert to_rgba(colours[f"{model.upper()} seed 0"]) == to_rgba(f"C{list(ARMS).index(model)}")
