@@ -83,7 +83,7 @@ def best_level_approximation(R: torch.Tensor, level: int, rank: int, stride: int
 
 def best_hierarchical_approximation(S: torch.Tensor, n_levels: int, rank: int, stride: int = 2,
                                     tokens: list | None = None, init: list | None = None, sweeps: int = 30):
-    """Block-coordinate descent for min ||S - sum_{l<L} U_l A_l U_l^T||_F, rank A_l <= `rank` (over the
+    """Block-coordinate descent for min ||S - sum_{l<L} U_l B_l U_l^T||_F, rank B_l <= `rank` (over the
     realisable class if `tokens`, a list of L tensors (T_l, D), is given). `init`: L starting terms (T, T).
 
     Returns (approximation (T, T), list of L level terms, errors after each sweep). Each exact per-level step
@@ -120,7 +120,7 @@ def hierarchical_search_path(S: torch.Tensor,  # target (T, T)
                              starts: list | None = None,  # planted terms (T, T) to try as a start as well
                              sweeps: int = 30,  # block-coordinate sweeps per start
                              ) -> list:
-    """Upper bounds on the infimum of ||S - sum_{l<L} U_l A_l U_l^T||_F for L = 1..max_levels that are monotone in L.
+    """Upper bounds on the infimum of ||S - sum_{l<L} U_l B_l U_l^T||_F for L = 1..max_levels that are monotone in L.
 
     For each L, block-coordinate descent (`best_hierarchical_approximation`) is warm-started from the solution for
     L - 1 plus a zero level (feasible for L, so the error cannot rise with L) and, if given, from `starts[:L]`;

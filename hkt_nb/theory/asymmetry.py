@@ -40,8 +40,8 @@ def reciprocity_ratio(matrix: torch.Tensor,  # square matrices (..., n, n)
 def centre_rows(scores: torch.Tensor,  # score matrices (B, ..., n, n): row = query, column = key
                 key_padding_mask: torch.Tensor | None = None,  # (B, n) bool, True = padding; None: all keys real
                 ) -> torch.Tensor:
-    """The softmax-visible part of scores: subtract from each row its mean over the real keys, $A J$ with
-    $J = I - \\mathbf 1\\mathbf 1^\\top/n$ on the real keys, and set padded key columns to 0 (chapter 12, Prop. 3.6 (vi)).
+    """The softmax-visible part of scores: subtract from each row its mean over the real keys, $A \\Pi$ with
+    $\\Pi = I - \\mathbf 1\\mathbf 1^\\top/n$ on the real keys, and set padded key columns to 0 (chapter 12, Prop. 3.6 (vi)).
     Adding any row constant $c\\,\\mathbf 1^\\top$ (a term the softmax cannot see) leaves the result unchanged.
 
     Returns a tensor of the shape of `scores`. Raises `ValueError` for non-square scores, a mask of the wrong
@@ -71,7 +71,7 @@ def reciprocity(layer: HierarchicalAttention,  # the layer
     """Per-head, per-level reciprocity (Prop. 3.6; our reconstruction) of the level scores $G_l$ =
     `layer.scores(x, key_padding_mask).levels[l]`, pooled over the batch (sums of squares) and restricted to real
     tokens (rows and columns of padded coarse tokens are dropped). By default each row is first centred over its real
-    keys (`centre_rows`, Prop. 3.6 (vi)): $r_l = \\|(G_l J)_s\\|^2/\\|G_l J\\|^2$, which the softmax-invisible row
+    keys (`centre_rows`, Prop. 3.6 (vi)): $r_l = \\|(G_l \\Pi)_s\\|^2/\\|G_l \\Pi\\|^2$, which the softmax-invisible row
     constants cannot change; `centred=False` gives the raw $\\|G_{l,s}\\|^2/\\|G_l\\|^2$.
 
     x: (B, T, D); key_padding_mask: (B, T) bool (True = padding) or None. Returns (H, L) in [0, 1];
@@ -152,12 +152,12 @@ def set_level_symmetric(layer: HierarchicalAttention,  # modified in place
 def set_level_antisymmetric(layer: HierarchicalAttention,  # modified in place; head width must be even
                             level: int,  # 0 <= level < L
                             ) -> HierarchicalAttention:
-    """Make $W_l$ antisymmetric for every head: $A_K^{(l)} = A_Q^{(l)} J$ with the block rotation J (in place;
+    """Make $W_l$ antisymmetric for every head: $A_K^{(l)} = A_Q^{(l)} \\Omega$ with the block rotation $\\Omega$ (in place;
     biases too, so it holds in homogeneous coordinates). Raises `ValueError` if the head width is odd."""
     _check_level(layer, level)
     d = layer.head_dim
     if d % 2:
-        raise ValueError(f"an antisymmetric W_l = A J^T A^T with J = block rotation needs an even head width, got d={d}")
+        raise ValueError(f"an antisymmetric W_l = A Omega^T A^T with Omega = block rotation needs an even head width, got d={d}")
     J = torch.zeros(d, d, dtype=layer.q_proj[level].weight.dtype, device=layer.q_proj[level].weight.device)
     J[torch.arange(0, d, 2), torch.arange(1, d, 2)] = 1.0
     J[torch.arange(1, d, 2), torch.arange(0, d, 2)] = -1.0
@@ -181,7 +181,7 @@ def lag_profile(matrix: torch.Tensor,  # square matrices (..., n, n), no padding
                 ) -> torch.Tensor:
     """Mean of the antisymmetric part along the sub-diagonals, $a(k) = \\mathrm{mean}_i (A_a)_{i,i-k}$ for
     k = 0..max_lag, over (..., n, n) (batch dims averaged), divided by the root-mean-square entry of A; with
-    `centred=True` (default) A is first replaced by its row-centred part $AJ$ (Prop. 3.6 (vi)).
+    `centred=True` (default) A is first replaced by its row-centred part $A\\Pi$ (Prop. 3.6 (vi)).
     Returns (max_lag + 1,); positive = rows score earlier columns higher than vice versa."""
     if centred:
         matrix = centre_rows(matrix)

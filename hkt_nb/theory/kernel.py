@@ -115,7 +115,7 @@ def sym_eigenvalues(matrix: torch.Tensor,  # square matrices (..., n, n)
 def centred_sym(scores: torch.Tensor,  # score matrices (B, T, T) or (T, T)
                 key_padding_mask: torch.Tensor | None = None,  # (B, T) bool, True = padding (needs (B, T, T) scores)
                 ) -> torch.Tensor:
-    """$J \\operatorname{sym}(S) J$ with $J = I - \\mathbf 1\\mathbf 1^\\top/n$ on the n real positions of each sequence
+    """$\\Pi \\operatorname{sym}(S) \\Pi$ with $\\Pi = I - \\mathbf 1\\mathbf 1^\\top/n$ on the n real positions of each sequence
     (padded rows and columns set to 0), in float64 (Prop. 3.1 (6), chapter 11): the part of the symmetric score that
     row constants (invisible to the softmax) cannot change. Returns the shape of `scores`.
     Raises `ValueError` for non-square scores, a bad mask, or a sequence without a real position."""
