@@ -1,5 +1,6 @@
 """Tests of hkt_nb.approximation: best approximations, Prop. 4.4, Thm. 4.3 split, Mardia, Student t."""
 import math
+import warnings
 
 import pytest
 import torch
@@ -8,7 +9,8 @@ from hkt_nb.attention import HierarchicalAttention, upsample_index, upsample_sco
 from hkt_nb.theory.approximation import (averaging_pyramid_, best_hierarchical_approximation, best_level_approximation,
                                          block_summary_errors, error_decomposition, excess_kurtosis, fit_hkt_scores,
                                          gaussian_entropy, geometric_tail_bound, hierarchical_search_path,
-                                         kurtosis_negentropy, kurtosis_report, mardia_gaussian_value, mardia_kurtosis,
+                                         bilinear_score_kurtosis, kurtosis_negentropy, kurtosis_report, mardia_effect_size,
+                                         negentropy_validity, mardia_gaussian_value, mardia_kurtosis,
                                          mardia_z, planted_multiscale, pyramid_tokens, rank_lower_bound,
                                          rate_distortion_sandwich, student_t_entropy, student_t_mardia,
                                          student_t_negentropy, upsample_matrix)
@@ -180,10 +182,52 @@ def test_kurtosis_negentropy_approximation_limits():
     for n in (1, 4, 32):
         r = kurtosis_negentropy(student_t_mardia(n, 1000.0), n) / student_t_negentropy(n, 1000.0)
         assert 1.0 < r < 1.03
-        r10 = kurtosis_negentropy(student_t_mardia(n, 10.0), n) / student_t_negentropy(n, 10.0)
+        with pytest.warns(UserWarning, match="outside the range"):
+            r10 = kurtosis_negentropy(student_t_mardia(n, 10.0), n) / student_t_negentropy(n, 10.0)
         assert 2.2 < r10 < 6.5
     assert kurtosis_negentropy(mardia_gaussian_value(5), 5) == 0
-    assert abs(kurtosis_negentropy(3 + 1.2, 1) - 1.2**2 / 48) < 1e-15
+    assert abs(kurtosis_negentropy(3 + 1.2, 1, warn=False) - 1.2**2 / 48) < 1e-15
+
+
+def test_negentropy_validity_matches_the_student_t_measurement():
+    # within 10 %: relative deviation of b from d(d+2) about 3.2 % (d = 1), 2.5 % (d = 4), 0.75 % (d = 32)
+    for d, expected in ((1, 0.032), (4, 0.025), (32, 0.0075)):
+        v = negentropy_validity(d)
+        assert abs(v - expected) < 0.2 * expected
+        nu = 4 + 2 / v  # the t with exactly that relative deviation: the approximation is within 10 % there
+        ratio = kurtosis_negentropy(student_t_mardia(d, nu), d, warn=False) / student_t_negentropy(d, nu)
+        assert 1.09 < ratio <= 1.1 + 1e-6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kurtosis_negentropy(mardia_gaussian_value(4) * (1 + 0.5 * negentropy_validity(4)), 4)  # inside: no warning
+
+
+def test_mardia_at_least_d_squared_with_equality_on_a_sphere():
+    g = torch.Generator().manual_seed(0)
+    for d in (1, 3, 8):
+        for x in (torch.randn(d + 2, d, generator=g, dtype=f64), torch.rand(500, d, generator=g, dtype=f64),
+                  torch.randn(400, d, generator=g, dtype=f64).pow(3)):
+            assert mardia_kurtosis(x) >= d * d - 1e-9 and mardia_effect_size(mardia_kurtosis(x), d) >= -1e-12
+        cross = torch.cat([torch.eye(d, dtype=f64), -torch.eye(d, dtype=f64)]) * 3.0 + 1.0  # +-e_k: a sphere
+        assert abs(mardia_kurtosis(cross) - d * d) < 1e-9
+    big = torch.randn(200000, 6, generator=g, dtype=f64)
+    assert abs(mardia_effect_size(mardia_kurtosis(big), 6) - 1) < 0.05  # Gaussian: effect size 1 (se about 0.013)
+
+
+def test_fused_score_kurtosis_formula_against_monte_carlo():
+    g = torch.Generator().manual_seed(3)
+    for D, r in ((16, 4), (32, 32)):
+        W = torch.randn(D, r, generator=g, dtype=f64) @ torch.randn(r, D, generator=g, dtype=f64)
+        x, y = torch.randn(400000, D, generator=g, dtype=f64), torch.randn(400000, D, generator=g, dtype=f64)
+        s = ((x @ W) * y).sum(1)
+        kurt = (s - s.mean()).pow(4).mean() / (s - s.mean()).pow(2).mean().pow(2)
+        assert abs(kurt.item() - bilinear_score_kurtosis(W)) < 0.06  # 400,000 pairs: standard error <= 0.02
+        assert bilinear_score_kurtosis(W) >= 3 + 6 / r - 1e-12
+    # equal singular values: 3 + 6 / rank
+    Q = torch.linalg.qr(torch.randn(10, 10, generator=g, dtype=f64))[0]
+    assert abs(bilinear_score_kurtosis(Q[:, :5] @ Q[:, :5].T) - (3 + 6 / 5)) < 1e-12
+    with pytest.raises(ValueError):
+        bilinear_score_kurtosis(torch.zeros(3, 3))
 
 
 def test_rate_distortion_sandwich():
@@ -199,6 +243,7 @@ def test_kurtosis_report_fields():
     rep = kurtosis_report(x)
     assert rep["gaussian"] == 24 and abs(rep["b_over_d"] - rep["b"] / 4) < 1e-12
     assert abs(rep["b_over_gaussian"] - rep["b"] / 24) < 1e-12
+    assert abs(rep["effect_size"] - (rep["b"] - 16) / 8) < 1e-12 and rep["negentropy_in_range"] in (True, False)
 
 
 def test_search_path_is_monotone_in_L_and_quantisation_vanishes_at_L1():
@@ -234,6 +279,6 @@ def test_hierarchical_class_is_not_closed():
 def test_kurtosis_approximation_thresholds_issue_values():
     # issue 10 finding 7: 1.135 at nu = 50 (n = 1), below 1.10 only from nu about 66
     def ratio(n, nu):
-        return kurtosis_negentropy(student_t_mardia(n, nu), n) / student_t_negentropy(n, nu)
+        return kurtosis_negentropy(student_t_mardia(n, nu), n, warn=False) / student_t_negentropy(n, nu)
     assert abs(ratio(1, 50) - 1.135) < 1e-3
     assert ratio(1, 65) > 1.10 > ratio(1, 66)

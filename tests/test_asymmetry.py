@@ -3,8 +3,9 @@ import pytest
 import torch
 
 from hkt_nb.attention import HierarchicalAttention, upsample_index, upsample_scores
-from hkt_nb.theory.asymmetry import (form_reciprocity, lag_profile, reciprocity, reciprocity_ratio, set_level_antisymmetric,
-                              set_level_symmetric, sym_antisym_split)
+from hkt_nb.theory.asymmetry import (centre_rows, form_reciprocity, iid_reciprocity_reference, lag_profile, level_reciprocity,
+                                     reciprocity, reciprocity_ratio, set_level_antisymmetric, set_level_symmetric,
+                                     sym_antisym_split)
 from hkt_nb.theory.kernel import hierarchical_gram, tie_keys_to_queries
 
 f64 = torch.float64
@@ -40,11 +41,11 @@ def test_symmetric_condition_layer_has_reciprocity_one_and_antisymmetric_zero():
     layer = tie_keys_to_queries(HierarchicalAttention(16, 2, 3, 2).double())
     x = torch.randn(3, 21, 16, dtype=f64)
     kpm = torch.arange(21)[None] >= torch.tensor([[21], [15], [4]])
-    torch.testing.assert_close(reciprocity(layer, x, kpm), torch.ones(2, 3, dtype=f64))
+    torch.testing.assert_close(reciprocity(layer, x, kpm, centred=False), torch.ones(2, 3, dtype=f64))
     set_level_antisymmetric(layer, 2)
-    r = reciprocity(layer, x, kpm)
+    r = reciprocity(layer, x, kpm, centred=False)
     assert r[:, 2].abs().max() < 1e-20 and torch.allclose(r[:, :2], torch.ones(2, 2, dtype=f64))
-    assert form_reciprocity(layer)[:, 2].abs().max() < 1e-20
+    assert form_reciprocity(layer, centred=False)[:, 2].abs().max() < 1e-20
     # fused antisymmetric part = sum of the per-level ones (only level 2 contributes)
     S, grams = hierarchical_gram(layer, x, 1, kpm, return_levels=True)
     i, v = upsample_index(21, 2, 2)
@@ -57,7 +58,7 @@ def test_random_layer_reciprocity_strictly_between_and_set_symmetric():
     r = reciprocity(layer, torch.randn(2, 16, 16, dtype=f64))
     assert ((r > 0) & (r < 1)).all()
     set_level_symmetric(layer, 1)
-    assert torch.allclose(form_reciprocity(layer)[:, 1], torch.ones(2, dtype=f64))
+    assert torch.allclose(form_reciprocity(layer, centred=False)[:, 1], torch.ones(2, dtype=f64))
     with pytest.raises(ValueError):
         set_level_antisymmetric(HierarchicalAttention(6, 2, 2), 0)  # odd head width
 
@@ -65,5 +66,52 @@ def test_random_layer_reciprocity_strictly_between_and_set_symmetric():
 def test_lag_profile_of_a_shift():
     n, k = 10, 3
     A = torch.diag(torch.ones(n - k, dtype=f64), -k)  # row i scores column i - k
-    prof = lag_profile(A, 5)
+    prof = lag_profile(A, 5, centred=False)
     assert prof.argmax().item() == k and prof[k] > 0 and torch.allclose(prof[[0, 1, 2, 4, 5]], torch.zeros(5, dtype=f64))
+
+
+def test_centred_reciprocity_invariant_to_any_row_constant_with_padding():
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(4, 3, 9, 9, dtype=f64, generator=g)
+    kpm = torch.arange(9)[None] >= torch.tensor([[9], [6], [3], [2]])
+    shifted = scores + 50 * torch.randn(4, 3, 9, 1, dtype=f64, generator=g)  # a random constant per row
+    shifted = shifted.masked_fill(kpm[:, None, None, :], -7.0)  # padded keys changed as well
+    torch.testing.assert_close(centre_rows(shifted, kpm), centre_rows(scores, kpm), rtol=0, atol=1e-12)
+    torch.testing.assert_close(level_reciprocity(shifted, kpm), level_reciprocity(scores, kpm), rtol=0, atol=1e-12)
+    assert (level_reciprocity(shifted, kpm, centred=False) - level_reciprocity(scores, kpm, centred=False)).abs().min() > 0.01
+    # the centred rows have zero mean over real keys and zero padded columns
+    c = centre_rows(scores, kpm)
+    assert c.masked_fill(kpm[:, None, None, :], 0).sum(-1).abs().max() < 1e-12
+    assert torch.equal(c.masked_select(kpm[:, None, None, :].expand_as(c)), torch.zeros(int(kpm.sum()) * 27, dtype=f64))
+    with pytest.raises(ValueError):
+        centre_rows(scores, torch.ones(4, 9, dtype=torch.bool))  # no real key
+    with pytest.raises(ValueError):
+        centre_rows(scores, kpm[:, :5])
+
+
+def test_layer_reciprocity_invariant_to_key_bias_which_adds_row_constants():
+    torch.manual_seed(0)
+    layer = HierarchicalAttention(16, 2, 3, 2).double()
+    x = torch.randn(3, 21, 16, dtype=f64)
+    kpm = torch.arange(21)[None] >= torch.tensor([[21], [15], [5]])
+    before, raw_before = reciprocity(layer, x, kpm), reciprocity(layer, x, kpm, centred=False)
+    attn_before = layer.scores(x, kpm).attention
+    with torch.no_grad():
+        for k in layer.k_proj:  # q_i . b_K and b_Q . b_K do not depend on the key
+            k.bias.add_(3 * torch.randn_like(k.bias))
+    torch.testing.assert_close(layer.scores(x, kpm).attention, attn_before, rtol=0, atol=1e-12)  # softmax unchanged
+    torch.testing.assert_close(reciprocity(layer, x, kpm), before, rtol=0, atol=1e-12)
+    assert (reciprocity(layer, x, kpm, centred=False) - raw_before).abs().max() > 1e-3
+
+
+def test_iid_reference_against_monte_carlo():
+    sizes = [16, 11, 4]
+    g = torch.Generator().manual_seed(1)
+    kpm = torch.arange(16)[None] >= torch.tensor(sizes)[:, None]
+    draws = torch.randn(600, 3, 1, 16, 16, dtype=f64, generator=g)
+    for centred in (True, False):
+        est = torch.stack([level_reciprocity(d, kpm, centred) for d in draws]).mean().item()
+        assert abs(est - iid_reciprocity_reference(sizes, centred)) < 6e-3  # about 5 standard errors
+    assert iid_reciprocity_reference([32]) == pytest.approx(33 / 64)
+    with pytest.raises(ValueError):
+        iid_reciprocity_reference([1, 5])

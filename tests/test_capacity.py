@@ -194,3 +194,37 @@ def test_target_variance_per_position():
     _, y = marker_difference_task(n, T, torch.Generator().manual_seed(3), dtype=f64)
     var = y.var(0)
     assert abs(var[0].item() - (2 + 2 / T)) < 0.03 and (var[1:] - 3).abs().max() < 0.05
+
+
+def test_from_mha_gradients_at_the_converted_point():
+    """Ch. 13: at the converted point the coarse scores are exactly 0, so the pyramid and the kept halves of the coarse
+    projections get exactly zero gradient; the zeroed halves, gate, convolution and fusion logits get non-zero ones."""
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 2, batch_first=True).double()
+    x = torch.randn(2, 13, 16, dtype=torch.float64)
+    kpm = torch.arange(13)[None] >= torch.tensor([[13], [9]])
+    layer = HierarchicalAttention.from_mha(mha, n_levels=3, stride=2)
+    layer(x, kpm).pow(2).sum().backward()
+    d = layer.head_dim
+    kept_q = (torch.arange(16) % d) < (d + 1) // 2
+    for p in layer.pyramid.parameters():
+        assert torch.equal(p.grad, torch.zeros_like(p.grad))
+    for level in (1, 2):
+        q, k = layer.q_proj[level], layer.k_proj[level]
+        assert torch.equal(q.weight.grad[kept_q], torch.zeros_like(q.weight.grad[kept_q]))
+        assert torch.equal(q.bias.grad[kept_q], torch.zeros_like(q.bias.grad[kept_q]))
+        assert torch.equal(k.weight.grad[~kept_q], torch.zeros_like(k.weight.grad[~kept_q]))
+        assert q.weight.grad[~kept_q].abs().max() > 1e-6 and k.weight.grad[kept_q].abs().max() > 1e-6
+    for p in (layer.gate_logits, layer.value_conv.weight, layer.level_logits, layer.q_proj[0].weight):
+        assert p.grad.abs().max() > 1e-6
+
+
+def test_adamw_decay_opens_a_closed_gate():
+    """Ch. 13: a zero gradient keeps gamma under Adam, but AdamW's decoupled decay moves it towards 0."""
+    for opt_cls, opens in ((torch.optim.Adam, False), (torch.optim.AdamW, True)):
+        gamma = torch.tensor(-1000.0, requires_grad=True)
+        opt = opt_cls([gamma], lr=0.1, weight_decay=0.1) if opt_cls is torch.optim.AdamW else opt_cls([gamma], lr=0.1)
+        for _ in range(400):
+            gamma.grad = torch.zeros_like(gamma)
+            opt.step()
+        assert (torch.sigmoid(gamma).item() > 0) == opens

@@ -84,3 +84,35 @@ def test_is_psd_known_answers_and_errors():
         hierarchical_gram(HierarchicalAttention(8, 2), torch.randn(1, 4, 8), head=2)
     with pytest.raises(ValueError):
         lag_copy_batch(2, torch.randn(5, 4), lag=5)
+
+
+def test_centred_sym_invariant_to_row_constants_and_detects_indefiniteness():
+    from hkt_nb.theory.kernel import centred_sym, centred_sym_eigenvalues
+    g = torch.Generator().manual_seed(0)
+    S = torch.randn(3, 10, 10, dtype=torch.float64, generator=g)
+    kpm = torch.arange(10)[None] >= torch.tensor([[10], [7], [3]])
+    shifted = S + 20 * torch.randn(3, 10, 1, dtype=torch.float64, generator=g)  # a constant per row
+    shifted = shifted.masked_fill(kpm[:, None, :] | kpm[:, :, None], 99.0)  # padded entries: anything
+    torch.testing.assert_close(centred_sym(shifted, kpm), centred_sym(S, kpm), rtol=0, atol=1e-11)
+    assert not torch.allclose(torch.linalg.eigvalsh((shifted + shifted.mT) / 2), torch.linalg.eigvalsh((S + S.mT) / 2))
+    # a Gram matrix stays PSD; 1 (on the real positions) is in its kernel
+    B = torch.randn(3, 10, 4, dtype=torch.float64, generator=g)
+    ev = centred_sym_eigenvalues(B @ B.mT, kpm)
+    assert ev.min() > -1e-10
+    ones = (~kpm).double()
+    assert (centred_sym(B @ B.mT, kpm) @ ones[..., None]).abs().max() < 1e-10
+    # a known value: S = diag(1, -1) centred on 2 positions is J diag(1,-1) J = 0
+    assert torch.allclose(centred_sym(torch.diag(torch.tensor([1.0, -1.0]))), torch.zeros(2, 2, dtype=torch.float64))
+    with pytest.raises(ValueError):
+        centred_sym(S, torch.ones(3, 10, dtype=torch.bool))
+
+
+def test_single_head_inertia_is_bounded_but_not_fixed():
+    from hkt_nb.theory.kernel import inertia, symmetrised_forms
+    seen = set()
+    for s in range(20):
+        torch.manual_seed(s)
+        p, q, z = inertia(symmetrised_forms(HierarchicalAttention(8, 1, n_levels=1).double(), 0)[0])
+        assert 1 <= p <= 8 and q <= 8 and p + q + z == 9
+        seen.add((p, q, z))
+    assert len(seen) > 1

@@ -11,8 +11,9 @@ from ..attention import HierarchicalAttention, check_attention_inputs
 from .kernel import bilinear_forms, check_head, tie_keys_to_queries
 
 # %% auto #0
-__all__ = ['sym_antisym_split', 'reciprocity_ratio', 'reciprocity', 'reciprocity_ratio_pooled', 'form_reciprocity',
-           'set_level_symmetric', 'set_level_antisymmetric', 'lag_profile']
+__all__ = ['sym_antisym_split', 'reciprocity_ratio', 'centre_rows', 'reciprocity', 'level_reciprocity',
+           'reciprocity_ratio_pooled', 'iid_reciprocity_reference', 'form_reciprocity', 'set_level_symmetric',
+           'set_level_antisymmetric', 'lag_profile']
 
 # %% ../../nbs/12_asymmetry.ipynb #b037a648
 def sym_antisym_split(matrix: torch.Tensor,  # square matrices (..., n, n)
@@ -28,20 +29,50 @@ def sym_antisym_split(matrix: torch.Tensor,  # square matrices (..., n, n)
 
 def reciprocity_ratio(matrix: torch.Tensor,  # square matrices (..., n, n)
                       ) -> torch.Tensor:
-    """$r(A) = \\|A_s\\|_F^2 / \\|A\\|_F^2 \\in [0, 1]$ over the last two dims of (..., n, n) (Prop. 3.6): 1 iff
-    symmetric, 0 iff antisymmetric; directionality is $1 - r$. A zero matrix gets $r = 1$ (it is symmetric)."""
+    """Raw $r(A) = \\|A_s\\|_F^2 / \\|A\\|_F^2 \\in [0, 1]$ over the last two dims of (..., n, n) (Prop. 3.6): 1 iff
+    symmetric, 0 iff antisymmetric; directionality is $1 - r$. A zero matrix gets $r = 1$ (it is symmetric).
+    For scores use the softmax-visible version, `reciprocity_ratio(centre_rows(A))` (Prop. 3.6 (vi))."""
     a_s, _ = sym_antisym_split(matrix)
     num, den = a_s.pow(2).sum((-1, -2)), matrix.pow(2).sum((-1, -2))
     return torch.where(den > 0, num / den.clamp(min=torch.finfo(den.dtype).tiny), torch.ones_like(den))
+
+
+def centre_rows(scores: torch.Tensor,  # score matrices (B, ..., n, n): row = query, column = key
+                key_padding_mask: torch.Tensor | None = None,  # (B, n) bool, True = padding; None: all keys real
+                ) -> torch.Tensor:
+    """The softmax-visible part of scores: subtract from each row its mean over the real keys, $A \\Pi$ with
+    $\\Pi = I - \\mathbf 1\\mathbf 1^\\top/n$ on the real keys, and set padded key columns to 0 (chapter 12, Prop. 3.6 (vi)).
+    Adding any row constant $c\\,\\mathbf 1^\\top$ (a term the softmax cannot see) leaves the result unchanged.
+
+    Returns a tensor of the shape of `scores`. Raises `ValueError` for non-square scores, a mask of the wrong
+    shape or dtype, or a sequence without a real key."""
+    if scores.dim() < 2 or scores.shape[-1] != scores.shape[-2]:
+        raise ValueError(f"need square score matrices (..., n, n), got shape {tuple(scores.shape)}")
+    if key_padding_mask is None:
+        return scores - scores.mean(-1, keepdim=True)
+    n = scores.shape[-1]
+    if (scores.dim() < 3 or key_padding_mask.dtype != torch.bool
+            or tuple(key_padding_mask.shape) != (scores.shape[0], n)):
+        raise ValueError(f"key_padding_mask must be bool (B, n) = ({scores.shape[0]}, {n}) for scores "
+                         f"{tuple(scores.shape)}, got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+    keep = (~key_padding_mask).reshape(scores.shape[0], *[1] * (scores.dim() - 3), 1, n)
+    n_real = keep.sum(-1, keepdim=True)
+    if (n_real == 0).any():
+        raise ValueError("a sequence has no real key: its row means are undefined")
+    zeroed = torch.where(keep, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))
+    return torch.where(keep, zeroed - zeroed.sum(-1, keepdim=True) / n_real, zeroed)
 
 # %% ../../nbs/12_asymmetry.ipynb #74173cf4
 def reciprocity(layer: HierarchicalAttention,  # the layer
                 x: torch.Tensor,  # inputs (B, T, D)
                 key_padding_mask: torch.Tensor | None = None,  # (B, T) bool, True = padding
+                centred: bool = True,  # True: softmax-visible scores (rows centred); False: raw scores
                 ) -> torch.Tensor:
-    """Per-head, per-level reciprocity $r_l = \\|G_{l,s}\\|_F^2 / \\|G_l\\|_F^2$ (Prop. 3.6; our reconstruction) of
-    the level scores $G_l$ = `layer.scores(x, key_padding_mask).levels[l]`, pooled over the batch (sums of
-    squares) and restricted to real tokens (rows and columns of padded coarse tokens are dropped).
+    """Per-head, per-level reciprocity (Prop. 3.6; our reconstruction) of the level scores $G_l$ =
+    `layer.scores(x, key_padding_mask).levels[l]`, pooled over the batch (sums of squares) and restricted to real
+    tokens (rows and columns of padded coarse tokens are dropped). By default each row is first centred over its real
+    keys (`centre_rows`, Prop. 3.6 (vi)): $r_l = \\|(G_l \\Pi)_s\\|^2/\\|G_l \\Pi\\|^2$, which the softmax-invisible row
+    constants cannot change; `centred=False` gives the raw $\\|G_{l,s}\\|^2/\\|G_l\\|^2$.
 
     x: (B, T, D); key_padding_mask: (B, T) bool (True = padding) or None. Returns (H, L) in [0, 1];
     directionality is `1 - reciprocity(...)`. Raises like `HierarchicalAttention.forward`."""
@@ -51,27 +82,61 @@ def reciprocity(layer: HierarchicalAttention,  # the layer
     with torch.no_grad():
         levels = layer.scores(x, key_padding_mask).levels
         _, masks = layer.pyramid(x, key_padding_mask)
-    out = []
-    for g, pad in zip(levels, masks):
-        keep = (~pad).to(g.dtype)  # (B, T_l)
-        g = g * keep[:, None, :, None] * keep[:, None, None, :]
-        out.append(reciprocity_ratio_pooled(g))
-    return torch.stack(out, -1)
+    return torch.stack([level_reciprocity(g, pad, centred) for g, pad in zip(levels, masks)], -1)
+
+
+def level_reciprocity(g: torch.Tensor,  # level scores (B, H, n, n)
+                      key_padding_mask: torch.Tensor | None = None,  # (B, n) bool, True = padded (coarse) token
+                      centred: bool = True,  # centre each row over its real keys first (Prop. 3.6 (vi))
+                      ) -> torch.Tensor:
+    """Pooled reciprocity of one level's scores g (B, H, n, n) over real tokens -> (H,): rows centred over real keys
+    (`centre_rows`) unless `centred=False`, then padded rows and columns dropped, then `reciprocity_ratio_pooled`.
+    Raises `ValueError` like `centre_rows`."""
+    if key_padding_mask is None:
+        key_padding_mask = torch.zeros(g.shape[0], g.shape[-1], dtype=torch.bool, device=g.device)
+    keep = (~key_padding_mask).to(g.dtype)
+    if centred:
+        g = centre_rows(g, key_padding_mask)
+    g = g * keep[:, None, :, None] * keep[:, None, None, :]
+    return reciprocity_ratio_pooled(g)
 
 
 def reciprocity_ratio_pooled(g: torch.Tensor,  # level scores (B, H, n, n)
                              ) -> torch.Tensor:
-    "$\\sum_b \\|G_{b,s}\\|^2 / \\sum_b \\|G_b\\|^2$ for g (B, H, n, n) -> (H,); 1 where all are zero."
+    "$\\sum_b \\|G_{b,s}\\|^2 / \\sum_b \\|G_b\\|^2$ for g (B, H, n, n) -> (H,); 1 where all are zero (raw: no centring)."
     g_s, _ = sym_antisym_split(g)
     num, den = g_s.pow(2).sum((0, -1, -2)), g.pow(2).sum((0, -1, -2))
     return torch.where(den > 0, num / den.clamp(min=torch.finfo(den.dtype).tiny), torch.ones_like(den))
 
 
+def iid_reciprocity_reference(n_real: list[int] | torch.Tensor,  # real tokens per sequence at one level
+                              centred: bool = True,  # the reference of the centred (True) or raw (False) measure
+                              ) -> float:
+    """The i.i.d. reference of Prop. 3.6 (v)-(vi) for a pooled batch: ratio of expectations
+    $\\sum_b \\mathbb E\\|A_{b,s}\\|^2 / \\sum_b \\mathbb E\\|A_b\\|^2$ for independent $n_b \\times n_b$ matrices of i.i.d.
+    $N(0,1)$ entries: $\\sum (n_b^2 - 1)/2 / \\sum n_b(n_b - 1)$ centred, $\\sum n_b(n_b + 1)/2 / \\sum n_b^2$ raw;
+    $(n+1)/(2n)$ for one size $n$. Raises `ValueError` unless every n_b >= 2 (centred) or >= 1 (raw)."""
+    n = torch.as_tensor(n_real, dtype=torch.float64).flatten()
+    if n.numel() == 0 or (n < (2 if centred else 1)).any():
+        raise ValueError(f"need n_real >= {2 if centred else 1} for every sequence, got {n.tolist()}")
+    if centred:
+        return ((n**2 - 1) / 2).sum().item() / (n * (n - 1)).sum().item()
+    return (n * (n + 1) / 2).sum().item() / (n**2).sum().item()
+
+
 def form_reciprocity(layer: HierarchicalAttention,  # the layer
+                     centred: bool = True,  # drop the key's constant coordinate (its terms are row constants)
                      ) -> torch.Tensor:
     """Input-independent reciprocity of the bilinear forms, $\\|W_{l,s}\\|_F^2/\\|W_l\\|_F^2$ (homogeneous
-    coordinates, biases included) per head and level: (H, L)."""
-    return torch.stack([reciprocity_ratio(torch.stack(bilinear_forms(layer, h))) for h in range(layer.n_heads)]).detach()
+    coordinates, biases included) per head and level: (H, L). With `centred=True` the last column of $W_l$ (the
+    terms $\\hat x_i^\\top W_l e_{D+1}$, i.e. $q_i^\\top b_K$, constant along a row) is set to 0 first."""
+    out = []
+    for h in range(layer.n_heads):
+        forms = torch.stack(bilinear_forms(layer, h))
+        if centred:
+            forms = torch.cat([forms[..., :-1], torch.zeros_like(forms[..., -1:])], -1)
+        out.append(reciprocity_ratio(forms))
+    return torch.stack(out).detach()
 
 # %% ../../nbs/12_asymmetry.ipynb #856ee4e6
 @torch.no_grad()
@@ -87,12 +152,12 @@ def set_level_symmetric(layer: HierarchicalAttention,  # modified in place
 def set_level_antisymmetric(layer: HierarchicalAttention,  # modified in place; head width must be even
                             level: int,  # 0 <= level < L
                             ) -> HierarchicalAttention:
-    """Make $W_l$ antisymmetric for every head: $A_K^{(l)} = A_Q^{(l)} J$ with the block rotation J (in place;
+    """Make $W_l$ antisymmetric for every head: $A_K^{(l)} = A_Q^{(l)} \\Omega$ with the block rotation $\\Omega$ (in place;
     biases too, so it holds in homogeneous coordinates). Raises `ValueError` if the head width is odd."""
     _check_level(layer, level)
     d = layer.head_dim
     if d % 2:
-        raise ValueError(f"an antisymmetric W_l = A J^T A^T with J = block rotation needs an even head width, got d={d}")
+        raise ValueError(f"an antisymmetric W_l = A Omega^T A^T with Omega = block rotation needs an even head width, got d={d}")
     J = torch.zeros(d, d, dtype=layer.q_proj[level].weight.dtype, device=layer.q_proj[level].weight.device)
     J[torch.arange(0, d, 2), torch.arange(1, d, 2)] = 1.0
     J[torch.arange(1, d, 2), torch.arange(0, d, 2)] = -1.0
@@ -110,12 +175,16 @@ def _check_level(layer, level):
         raise ValueError(f"level must be an int in [0, {layer.n_levels}), got {level!r}")
 
 # %% ../../nbs/12_asymmetry.ipynb #6a2bae68
-def lag_profile(matrix: torch.Tensor,  # square matrices (..., n, n)
+def lag_profile(matrix: torch.Tensor,  # square matrices (..., n, n), no padding
                 max_lag: int,  # largest offset k
+                centred: bool = True,  # centre each row first (`centre_rows`: the softmax-visible part)
                 ) -> torch.Tensor:
     """Mean of the antisymmetric part along the sub-diagonals, $a(k) = \\mathrm{mean}_i (A_a)_{i,i-k}$ for
-    k = 0..max_lag, over (..., n, n) (batch dims averaged), divided by the root-mean-square entry of A.
+    k = 0..max_lag, over (..., n, n) (batch dims averaged), divided by the root-mean-square entry of A; with
+    `centred=True` (default) A is first replaced by its row-centred part $A\\Pi$ (Prop. 3.6 (vi)).
     Returns (max_lag + 1,); positive = rows score earlier columns higher than vice versa."""
+    if centred:
+        matrix = centre_rows(matrix)
     _, a = sym_antisym_split(matrix)
     n = matrix.shape[-1]
     rms = matrix.pow(2).mean().sqrt().clamp(min=torch.finfo(matrix.dtype).tiny)

@@ -15,8 +15,8 @@ from ..downsampling import level_lengths
 
 # %% auto #0
 __all__ = ['check_head', 'level_factors', 'bilinear_forms', 'symmetrised_forms', 'homogeneous', 'hierarchical_gram',
-           'sym_eigenvalues', 'is_psd', 'inertia', 'numerical_rank', 'rank_bound', 'subadditive_rank_bound',
-           'tie_keys_to_queries', 'feature_map']
+           'sym_eigenvalues', 'centred_sym', 'centred_sym_eigenvalues', 'is_psd', 'inertia', 'numerical_rank',
+           'rank_bound', 'subadditive_rank_bound', 'tie_keys_to_queries', 'feature_map']
 
 # %% ../../nbs/11_kernel.ipynb #e557bb50
 def check_head(layer: HierarchicalAttention,  # the layer to check
@@ -112,6 +112,39 @@ def sym_eigenvalues(matrix: torch.Tensor,  # square matrices (..., n, n)
     return torch.linalg.eigvalsh((a + a.transpose(-1, -2)) / 2)
 
 
+def centred_sym(scores: torch.Tensor,  # score matrices (B, T, T) or (T, T)
+                key_padding_mask: torch.Tensor | None = None,  # (B, T) bool, True = padding (needs (B, T, T) scores)
+                ) -> torch.Tensor:
+    """$\\Pi \\operatorname{sym}(S) \\Pi$ with $\\Pi = I - \\mathbf 1\\mathbf 1^\\top/n$ on the n real positions of each sequence
+    (padded rows and columns set to 0), in float64 (Prop. 3.1 (6), chapter 11): the part of the symmetric score that
+    row constants (invisible to the softmax) cannot change. Returns the shape of `scores`.
+    Raises `ValueError` for non-square scores, a bad mask, or a sequence without a real position."""
+    if scores.dim() < 2 or scores.shape[-1] != scores.shape[-2]:
+        raise ValueError(f"need square matrices (..., T, T), got shape {tuple(scores.shape)}")
+    a = scores.detach().double()
+    a = (a + a.transpose(-1, -2)) / 2
+    T = a.shape[-1]
+    if key_padding_mask is None:
+        keep = a.new_ones(*a.shape[:-2], T)
+    else:
+        if a.dim() != 3 or key_padding_mask.dtype != torch.bool or tuple(key_padding_mask.shape) != (a.shape[0], T):
+            raise ValueError(f"key_padding_mask must be bool ({a.shape[0]}, {T}) for scores {tuple(a.shape)}")
+        keep = (~key_padding_mask).double()
+    n = keep.sum(-1, keepdim=True)
+    if (n == 0).any():
+        raise ValueError("a sequence has no real position")
+    J = torch.diag_embed(keep) - keep[..., :, None] * keep[..., None, :] / n[..., None]
+    return J @ a @ J
+
+
+def centred_sym_eigenvalues(scores: torch.Tensor,  # score matrices (B, T, T) or (T, T)
+                            key_padding_mask: torch.Tensor | None = None,  # (B, T) bool, True = padding
+                            ) -> torch.Tensor:
+    """Eigenvalues (ascending, float64) of `centred_sym(scores, key_padding_mask)`: the softmax-visible spectrum of
+    Prop. 3.1 (6). Shape (..., T); it includes one zero per sequence (the direction 1) and one per padded position."""
+    return torch.linalg.eigvalsh(centred_sym(scores, key_padding_mask))
+
+
 def is_psd(matrix: torch.Tensor,  # square matrices (..., n, n)
            tol: float = 1e-10,  # relative tolerance on the smallest eigenvalue
            ) -> bool:
@@ -149,8 +182,8 @@ def rank_bound(T: int,  # sequence length
                n_levels: int,  # number of levels L
                stride: int = 2,  # downsampling stride s
                ) -> int:
-    """Prop. 3.1 (3), our reconstruction: $\\min_m [\\sum_{l<m} r_l + \\min(T_m, \\sum_{l\\ge m} r_l)]$ with
-    $r_l = \\min(d, T_l)$, $T_l = \\lceil T/s^l\\rceil$: a bound on the rank of the fused score of any head, for
+    """Prop. 3.1 (3), our reconstruction: $\\min_m [\\sum_{l<m} d_l + \\min(T_m, \\sum_{l\\ge m} d_l)]$ with
+    $d_l = \\min(d, T_l)$, $T_l = \\lceil T/s^l\\rceil$: a bound on the rank of the fused score of any head, for
     any weights (no PSD assumption), that random weights reach (chapter 11). Raises `ValueError` for invalid sizes."""
     if d < 1:
         raise ValueError(f"d must be >= 1, got {d}")

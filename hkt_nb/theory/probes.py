@@ -48,7 +48,7 @@ def train_probe(model: nn.Module,  # the probe; trained in place, returned in ev
                 training: ProbeTraining | None = None,  # settings; None: ProbeTraining()
                 parameters=None,  # the tensors to optimise; None: model.parameters()
                 evaluate: Callable | None = None,  # model -> float, called without gradients in eval mode
-                ) -> dict:
+                ) -> tuple[nn.Module, dict]:
     """The one training loop of the theory chapters (11-14): `training.steps` optimiser steps on fresh batches.
 
     Returns (model in eval mode, history): history has "loss" (float per step), "eval_steps" and "eval" (when
