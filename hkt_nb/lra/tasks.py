@@ -12,18 +12,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Callable
 
-from hkt_nb.lra.benchmarks import (
-    cifar10_splits,
-    imdb_splits,
-    listops_check,
-    listops_source,
-    listops_splits,
-    scifar10_check,
-    synthetic_splits,
-)
-
 from .listops import LISTOPS_SETTINGS
 from .tokenize import BYTE_VOCAB_SIZE, LISTOPS_VOCAB, tokenise_ids, tokenise_image, tokenise_listops, tokenise_text
+
+
+def _benchmarks(name: str) -> Callable:
+    """The function `name` of `hkt_nb.lra.benchmarks`, imported when first called: the registry itself (and so
+    `hkt_nb.lra.config`, run names and presets) needs no torch."""
+    def call(*args, **kwargs):
+        from hkt_nb.lra import benchmarks
+        return getattr(benchmarks, name)(*args, **kwargs)
+    call.__name__ = call.__qualname__ = name
+    return call
+
 
 # %% auto #0
 __all__ = ['TASKS', 'SEEDS', 'BENCHMARKS', 'Task', 'UnknownTaskError', 'get_task', 'register_task', 'unregister_task',
@@ -204,8 +205,8 @@ def main(argv: list[str] | None = None) -> None:
 # %% ../../nbs/04c_tasks.ipynb #749eeb92
 register_task(Task(
     "listops", n_classes=10, vocab_size=len(LISTOPS_VOCAB), seq_len=LISTOPS_SETTINGS["paper"]["seq_len"],
-    load=listops_splits, tokenise=tokenise_listops, options={"setting": "paper"}, check=listops_check,
-    source=listops_source, unit="expressions",
+    load=_benchmarks("listops_splits"), tokenise=tokenise_listops, options={"setting": "paper"}, check=_benchmarks("listops_check"),
+    source=_benchmarks("listops_source"), unit="expressions",
     sizes={"cpu": {"n_train": 6000}},
     train_size=LISTOPS_SETTINGS["paper"]["n_train"],
     models=("hkt", "mha", "hkt_l1", "hkt_l2"),
@@ -215,7 +216,7 @@ register_task(Task(
 
 register_task(Task(
     "scifar10", n_classes=10, vocab_size=BYTE_VOCAB_SIZE, seq_len=1024,
-    load=cifar10_splits, tokenise=tokenise_image, options={"rgb": False}, check=scifar10_check,
+    load=_benchmarks("cifar10_splits"), tokenise=tokenise_image, options={"rgb": False}, check=_benchmarks("scifar10_check"),
     hub="uoft-cs/cifar10", unit="images",
     sizes={"cpu": {"n_train": 2500, "epochs": 4}, "paper": {"epochs": 100, "batch_size": 64, "lr": 1e-3}},
     train_size=45_000, models=("hkt", "mha"), paper={"hkt": (35.45, 0.09), "mha": (34.01, 0.19)},
@@ -223,13 +224,13 @@ register_task(Task(
 
 register_task(Task(
     "imdb", n_classes=2, vocab_size=BYTE_VOCAB_SIZE, seq_len=1024,
-    load=imdb_splits, tokenise=tokenise_text, hub="stanfordnlp/imdb", unit="reviews",
+    load=_benchmarks("imdb_splits"), tokenise=tokenise_text, hub="stanfordnlp/imdb", unit="reviews",
     sizes={"cpu": {"n_train": 2500, "epochs": 4}, "paper": {"epochs": 32}},
     train_size=22_500, models=("hkt", "mha"), paper={"hkt": (70.19, 0.57), "mha": (62.72, 0.40)},
     chapter="08_imdb", title="IMDB characters"))
 
 register_task(Task(
-    "synthetic", n_classes=None, vocab_size=None, seq_len=64, load=synthetic_splits, tokenise=tokenise_ids,
+    "synthetic", n_classes=None, vocab_size=None, seq_len=64, load=_benchmarks("synthetic_splits"), tokenise=tokenise_ids,
     title="a synthetic task for tests of the loop (no chapter)"))
 
 # %% ../../nbs/04c_tasks.ipynb #5aeedd42
