@@ -11,11 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._checks import check_choice
 from ..attention import HierarchicalAttention, MultiHeadAttention
 from .probes import ProbeTraining, train_probe
 
 # %% auto #0
-__all__ = ['causal_depthwise_conv', 'as_causal_conv', 'conv_path_reference', 'conv_only_layer', 'mean_plus_difference',
+__all__ = ['MIXERS', 'causal_depthwise_conv', 'as_causal_conv', 'conv_path_reference', 'conv_only_layer', 'mean_plus_difference',
            'mean_plus_difference_layer', 'marker_difference_task', 'CausalConvMixer', 'SingleLayerRegressor',
            'window_mse_lower_bound', 'conv_mse_lower_bound', 'train_marker_difference']
 
@@ -151,6 +152,15 @@ class CausalConvMixer(nn.Module):
         return self.out_proj(c)
 
 
+#: The mixing layers a `SingleLayerRegressor` can hold, by name: each builds a one-head layer of width d_model.
+MIXERS = {
+    "hkt": lambda d_model, n_levels, kernel_size: HierarchicalAttention(d_model, 1, n_levels,
+                                                                        conv_kernel_size=kernel_size),
+    "mha": lambda d_model, n_levels, kernel_size: MultiHeadAttention(d_model, 1),
+    "conv": lambda d_model, n_levels, kernel_size: CausalConvMixer(d_model, kernel_size),
+}
+
+
 class SingleLayerRegressor(nn.Module):
     """Linear embedding + learned positions -> one mixing layer -> linear read-out (capacity chapter).
 
@@ -161,14 +171,7 @@ class SingleLayerRegressor(nn.Module):
     def __init__(self, mixer: str, d_model: int, max_len: int, n_features: int = 2, n_levels: int = 3,
                  kernel_size: int = 3):
         super().__init__()
-        if mixer == "hkt":
-            self.mixer = HierarchicalAttention(d_model, 1, n_levels, conv_kernel_size=kernel_size)
-        elif mixer == "mha":
-            self.mixer = MultiHeadAttention(d_model, 1)
-        elif mixer == "conv":
-            self.mixer = CausalConvMixer(d_model, kernel_size)
-        else:
-            raise ValueError(f'mixer must be "hkt", "mha" or "conv", got {mixer!r}')
+        self.mixer = MIXERS[check_choice("mixer", mixer, tuple(MIXERS))](d_model, n_levels, kernel_size)
         self.kind, self.max_len = mixer, max_len
         self.embed = nn.Linear(n_features, d_model)
         self.pos = nn.Parameter(0.1 * torch.randn(max_len, d_model))
