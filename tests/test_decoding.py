@@ -170,3 +170,27 @@ def test_errors_name_the_argument(randomise):
     dropping = HierarchicalAttention(16, 4, causal=True, dropout=0.1).double()
     with pytest.raises(ValueError, match="eval"):
         step(dropping, torch.randn(1, 1, 16, dtype=torch.float64), layer_cache(dropping, 1))
+
+
+@pytest.mark.parametrize("n_levels,stride,kernel_size", [(3, 2, None), (4, 2, 3), (3, 3, 5)])
+def test_prefill_builds_the_state_that_steps_build(randomise, n_levels, stride, kernel_size):
+    "The cache read off a prompt equals the cache built by stepping through it, tensor by tensor."
+    layer = hkt(randomise, n_levels, stride, kernel_size)
+    x = torch.randn(2, 29, 16, dtype=torch.float64)
+    at_once, stepped = layer_cache(layer, 2), layer_cache(layer, 2)
+    prefill(layer, x, at_once)
+    prefill(layer, x[:, :1], stepped)
+    prefill(layer, x[:, 1:], stepped)  # a filled cache: one step per token
+    assert at_once.length == stepped.length == 29 and at_once.counts == stepped.counts
+    pairs = [(a.view, b.view) for a, b in zip(at_once.keys, stepped.keys)] + [(at_once.values.view, stepped.values.view)]
+    pairs += list(zip(at_once.windows, stepped.windows)) + [(at_once.value_window, stepped.value_window)]
+    pairs += [(a, b) for a, b in zip(at_once.queries[1:], stepped.queries[1:])]
+    for a, b in pairs:
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_float32_layer_with_the_library_initialisation():
+    "The default (float32, library-initialised) layer decodes to float32 rounding."
+    layer = HierarchicalAttention(32, 4, 3, 2, causal=True).eval()
+    x = torch.randn(2, 70, 32)
+    torch.testing.assert_close(cached_forward(layer, x, 5), layer(x), rtol=0, atol=1e-5)
