@@ -327,3 +327,17 @@ def test_imdb_bytes_reads_the_reviews(data_dir, tmp_path):
     assert len(text) == 100_000 and b"<br />" in text
     assert (tmp_path / "lm" / "imdb-test.bin").is_file()
     assert imdb_bytes("test", data_dir=data_dir, cache_dir=tmp_path, max_bytes=100_000) == text
+
+
+def test_generation_timing_uses_the_decoder_and_checks_the_context(trained):
+    from hkt_nb.lm import RecomputeDecoder, generation_ms_per_token
+    model, _ = trained
+    built = []
+
+    def factory(m):
+        built.append(m)
+        return RecomputeDecoder(m)
+
+    assert generation_ms_per_token(model, 16, new_tokens=4, decoder_factory=factory) > 0 and built == [model]
+    with pytest.raises(ValueError, match="context"):
+        generation_ms_per_token(model, 30, new_tokens=4)  # 30 + 4 > max_len = 32
