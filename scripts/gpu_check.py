@@ -19,6 +19,11 @@ the next):
                    cleanly between steps; records how far it got and its throughput (examples/s). The training
                    split is capped (--listops-train, default 6,000 examples: generating the full 96,000 takes
                    longer than the whole check); the throughput does not depend on the split size.
+  6. lm            the byte-level language model of chapter 15 (`hkt_nb.lm`, `paper` preset: D = 512, 8 blocks,
+                   T = 1,024, batch 32), HKT with 3 levels and parameter-matched standard attention, each trained for
+                   --lm-steps steps (default 300) or the --budget seconds, whichever comes first, under bf16 autocast;
+                   records tokens/s (after 5 warm-up steps), peak memory and the loss (IMDB bytes when
+                   $HKT_DATA_DIR holds them, else synthetic bytes: the throughput does not depend on the text).
 Nothing here is a result of the book until a run on a GPU has been recorded and committed.
 """
 from __future__ import annotations
@@ -86,6 +91,68 @@ def listops_budget_run(model: str, args) -> dict:
     summary = {k: record[k] for k in keep if k in record}
     summary["wall_s_including_data_and_compile"] = round(time.time() - started, 1)
     (args.out / f"listops_{model}_budget.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def lm_budget_run(model: str, args) -> dict:
+    "A few hundred training steps of chapter 15's byte LM (`model` a key of `hkt_nb.lm.LM_MODELS`): throughput, memory."
+    import torch
+
+    from hkt_nb.lm import LM_PRESETS, ByteLM, configure_optimizer, count_lm_parameters, imdb_bytes, lm_loss
+    from hkt_nb.lm import lm_model_config, lr_at, random_batch
+    preset = "smoke" if args.dry_run else "paper"
+    cfg, train = lm_model_config(model, preset), LM_PRESETS[preset].train
+    device = torch.device(args.device)
+    text, source = None, "synthetic"
+    if os.environ.get("HKT_DATA_DIR") and os.path.isdir(os.environ["HKT_DATA_DIR"]):
+        try:
+            text, source = imdb_bytes("train", max_bytes=4_000_000), "imdb train"
+        except (FileNotFoundError, ImportError) as e:
+            print(f"[lm] no IMDB bytes ({e}); synthetic bytes instead", flush=True)
+    if text is None:  # bytes of a random word salad over a small alphabet
+        rng = torch.Generator().manual_seed(0)
+        text = torch.randint(97, 123, (4_000_000,), generator=rng, dtype=torch.uint8)
+        text[torch.randint(0, len(text), (len(text) // 6,), generator=rng)] = 32
+    else:
+        text = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    torch.manual_seed(0)
+    net = ByteLM(cfg).to(device)
+    optimizer = configure_optimizer(net, train.lr, train.weight_decay, train.betas)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    warmup, losses, started, timed_from = 5, [], time.time(), None
+    for step in range(args.lm_steps):
+        if step == warmup:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            timed_from = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, train)
+        x, y = random_batch(text, train.batch_size, cfg.max_len)
+        with amp:
+            loss = lm_loss(net(x.to(device, non_blocking=True)), y.to(device, non_blocking=True))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), train.grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+        if time.time() - started > args.budget and step >= warmup + 1:
+            break
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    timed_steps = len(losses) - warmup
+    seconds = time.perf_counter() - timed_from if timed_from else float("nan")
+    summary = {"model": model, "preset": preset, "config": cfg.to_dict(), "n_params": count_lm_parameters(net),
+               "batch_size": train.batch_size, "steps": len(losses), "timed_steps": timed_steps,
+               "tokens_per_s": round(timed_steps * train.batch_size * cfg.max_len / seconds, 1) if timed_steps > 0 else None,
+               "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if device.type == "cuda" else None,
+               "amp_dtype": "bfloat16" if device.type == "cuda" else None, "text": source,
+               "loss_bits_first": losses[0] / 0.6931471805599453, "loss_bits_last": losses[-1] / 0.6931471805599453,
+               "wall_s": round(time.time() - started, 1)}
+    (args.out / f"lm_{model}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"[lm] {model}: {json.dumps({k: summary[k] for k in ('n_params', 'steps', 'tokens_per_s', 'peak_memory_gib')})}",
+          flush=True)
     return summary
 
 
@@ -168,15 +235,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--budget", type=float, default=None, help="seconds of training per model (default 60; dry 0.5)")
     parser.add_argument("--listops-train", type=int, default=6000, help="training examples of the budgeted runs")
     parser.add_argument("--max-length", type=int, default=None, help="longest T measured (default 16384; dry 256)")
-    steps = ["environment", "cuda-tests", "bench-cost", "flex-bench", "listops"]
+    parser.add_argument("--lm-steps", type=int, default=None, help="training steps of each LM model (default 300; dry 8)")
+    steps = ["environment", "cuda-tests", "bench-cost", "flex-bench", "listops", "lm"]
     parser.add_argument("--steps", nargs="+", default=steps, choices=steps)
     parser.add_argument("--listops-only", default=None, help=argparse.SUPPRESS)  # internal: one budgeted run
     parser.add_argument("--flex-only", action="store_true", help=argparse.SUPPRESS)  # internal: the flex table
+    parser.add_argument("--lm-only", default=None, help=argparse.SUPPRESS)  # internal: one LM model's steps
     args = parser.parse_args(argv)
     args.device = "cpu" if args.dry_run else "cuda"
     args.out = (args.out or ROOT / ("_build/gpu_check_dry" if args.dry_run else "results/gpu")).resolve()
     args.budget = args.budget if args.budget is not None else (0.5 if args.dry_run else 60.0)
     args.max_length = args.max_length or (256 if args.dry_run else 16384)
+    args.lm_steps = args.lm_steps or (8 if args.dry_run else 300)
     return args
 
 
@@ -198,6 +268,9 @@ def main(argv=None) -> int:
         return 0
     if args.flex_only:
         flex_benchmark(args)
+        return 0
+    if args.lm_only:
+        lm_budget_run(args.lm_only, args)
         return 0
     if not args.dry_run:
         import torch
@@ -228,6 +301,12 @@ def main(argv=None) -> int:
             command = [sys.executable, "scripts/gpu_check.py", "--listops-only", model, "--budget", str(args.budget),
                        "--listops-train", str(args.listops_train), "--out", str(args.out)] + (["--dry-run"] if args.dry_run else [])
             steps.append(run_step(f"listops-{model}", command, args.out, env, timeout=args.budget + 240))
+    if "lm" in args.steps:
+        for model in ("hkt_l3", "mha"):
+            command = [sys.executable, "scripts/gpu_check.py", "--lm-only", model, "--budget", str(args.budget),
+                       "--lm-steps", str(args.lm_steps), "--out", str(args.out)] + (["--dry-run"] if args.dry_run else [])
+            steps.append(run_step(f"lm-{model}", command, args.out, env, timeout=args.budget + 180))
+            print((args.out / f"lm-{model}.log").read_text(), flush=True)
     summary = {"dry_run": args.dry_run, "device": args.device, "wall_s": round(time.time() - started, 1), "steps": steps,
                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -1,0 +1,343 @@
+"""The byte-level language model of chapter 15 (`hkt_nb.lm`, issue 18 items 1 and 3): causality of every variant,
+the tied head, the weight-decay groups, the restorable initialisation, a known-answer training run, greedy
+generation and the record."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from hkt_nb.attention import HierarchicalAttention, MultiHeadAttention
+from hkt_nb.lm import (
+    LM_MODELS,
+    LM_PRESETS,
+    ByteLM,
+    LMConfig,
+    LMTrainConfig,
+    SlidingWindowAttention,
+    compare_lm,
+    configure_optimizer,
+    count_lm_parameters,
+    eval_windows,
+    generate,
+    imdb_bytes,
+    lm_model_config,
+    load_record,
+    lr_at,
+    run_lm,
+    save_record,
+    train_lm,
+    window_mask,
+)
+from hkt_nb.model import get_attention_variant
+
+VARIANTS = [("mha", {}), ("mha_window", {"window": 5}), ("hkt", {"n_levels": 1}), ("hkt", {"n_levels": 3}),
+            ("hkt", {"n_levels": 3, "stride": 3, "kernel_size": 4})]
+
+
+def tiny(attention="hkt", params=None, **kw) -> LMConfig:
+    return LMConfig(**{"d_model": 16, "n_heads": 2, "n_layers": 2, "max_len": 64, "attention": attention,
+                       "attention_params": params or {}, **kw})
+
+
+@pytest.mark.parametrize("attention, params", VARIANTS)
+@pytest.mark.parametrize("T", [1, 37, 64])
+def test_logits_at_t_do_not_depend_on_later_bytes(attention, params, T, one_thread):
+    torch.manual_seed(0)
+    model = ByteLM(tiny(attention, params)).double().eval()
+    with torch.no_grad():
+        for _ in range(3):  # random non-trivial logits and gates (the init has gates 1/2, lambdas 1/L)
+            for p in model.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+    x = torch.randint(0, 256, (2, T))
+    logits = model(x)
+    for t in sorted({0, T // 2, T - 1}):
+        changed = x.clone()
+        changed[:, t + 1:] = torch.randint(0, 256, changed[:, t + 1:].shape)
+        assert torch.allclose(model(changed)[:, : t + 1], logits[:, : t + 1], atol=1e-12, rtol=0), (t, T)
+        prefix = model(x[:, : t + 1])  # a prefix alone: the same logits
+        assert torch.allclose(prefix, logits[:, : t + 1], atol=1e-12, rtol=0)
+
+
+def test_window_mask_is_the_band():
+    m = window_mask(6, 3)
+    for i in range(6):
+        for j in range(6):
+            assert bool(m[i, j]) == (i - 2 <= j <= i)
+    assert torch.equal(window_mask(6, 3, causal=False), (torch.arange(6)[:, None] - torch.arange(6)).abs() < 3)
+
+
+def test_sliding_window_equals_standard_attention_when_the_window_covers_the_sequence():
+    x = torch.randn(2, 11, 8, dtype=torch.float64)
+    window = SlidingWindowAttention(8, 2, causal=True, window=11).double()
+    full = MultiHeadAttention(8, 2, causal=True).double()
+    full.load_state_dict(window.state_dict())
+    assert torch.allclose(window(x), full(x), atol=1e-12)
+    window.window = 4  # and the fused form equals the explicit one, output at i reads only i-3 .. i
+    assert torch.allclose(window(x), window(x, impl="explicit"), atol=1e-12)
+    assert torch.allclose(window(x)[:, 6:], window(x[:, 3:])[:, 3:], atol=1e-12)
+
+
+def test_sliding_window_with_padding_is_finite():
+    layer = SlidingWindowAttention(8, 2, causal=True, window=2).double()
+    x = torch.randn(1, 7, 8, dtype=torch.float64)
+    mask = torch.tensor([[False] * 3 + [True] * 4])
+    out = layer(x, mask)
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out[:, :3], layer(x[:, :3]), atol=1e-12)
+
+
+def test_registry_builds_each_variant_causal():
+    assert isinstance(ByteLM(tiny("hkt", {"n_levels": 2})).blocks[0].attn, HierarchicalAttention)
+    assert isinstance(ByteLM(tiny("mha")).blocks[0].attn, MultiHeadAttention)
+    layer = ByteLM(tiny("mha_window", {"window": 7})).blocks[0].attn
+    assert isinstance(layer, SlidingWindowAttention) and layer.window == 7
+    assert all(block.attn.causal for block in ByteLM(tiny()).blocks)
+    assert get_attention_variant("mha_window").params().window >= 1
+
+
+def test_tied_head():
+    model = ByteLM(tiny())
+    assert model.head.weight is model.tok_emb.weight
+    names = [n for n, _ in model.named_parameters()]
+    assert "head.weight" not in names and "tok_emb.weight" in names
+    assert count_lm_parameters(model) == sum(p.numel() for p in model.parameters())
+    assert count_lm_parameters(tiny()) == count_lm_parameters(model)  # the meta-device count
+
+
+def intended_no_decay(model: nn.Module) -> set[str]:
+    "Written independently of the library's rule: biases, LayerNorm weights, level and gate logits."
+    names = set()
+    for name, p in model.named_parameters():
+        owner = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+        last = name.rsplit(".", 1)[-1]
+        if last == "bias" or isinstance(owner, nn.LayerNorm) or last in ("level_logits", "gate_logits"):
+            names.add(name)
+    return names
+
+
+@pytest.mark.parametrize("attention, params", VARIANTS)
+def test_no_weight_decay_and_optimiser_groups(attention, params):
+    model = ByteLM(tiny(attention, params))
+    exempt = model.no_weight_decay()
+    assert exempt == intended_no_decay(model)
+    if attention == "hkt":
+        assert {"blocks.0.attn.level_logits", "blocks.1.attn.gate_logits"} <= exempt
+        assert "blocks.0.attn.pyramid.down.0.depthwise.bias" in exempt or params.get("n_levels") == 1
+    assert "tok_emb.weight" not in exempt and "pos_emb.weight" not in exempt  # decayed: see the chapter
+    optimizer = configure_optimizer(model, 1e-3, 0.1, (0.9, 0.95))
+    decayed, kept = optimizer.param_groups
+    assert decayed["weight_decay"] == 0.1 and kept["weight_decay"] == 0.0 and optimizer.defaults["betas"] == (0.9, 0.95)
+    ids = [id(p) for g in optimizer.param_groups for p in g["params"]]
+    assert len(ids) == len(set(ids)) and set(ids) == {id(p) for p in model.parameters()}  # each in exactly one group
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    assert {by_id[id(p)] for p in kept["params"]} == exempt
+
+
+def test_configure_optimizer_rejects_bad_arguments():
+    model = ByteLM(tiny())
+    with pytest.raises(ValueError, match="lr"):
+        configure_optimizer(model, 0.0)
+    with pytest.raises(ValueError, match="betas"):
+        configure_optimizer(model, 1e-3, 0.1, (0.9, 1.0))
+
+
+@pytest.mark.parametrize("attention, params", VARIANTS)
+def test_reset_parameters_restores_the_init(attention, params):
+    cfg = tiny(attention, params)
+    torch.manual_seed(3)
+    fresh = ByteLM(cfg)
+    model = ByteLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(-2).add_(1)
+    torch.manual_seed(3)
+    model.reset_parameters()
+    for (name, a), b in zip(fresh.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert model.head.weight is model.tok_emb.weight
+
+
+def test_init_keeps_hkts_own_and_scales_the_residual_branches():
+    cfg = tiny("hkt", {"n_levels": 3}, n_layers=4)
+    torch.manual_seed(0)
+    layer = ByteLM(cfg).blocks[0].attn
+    torch.manual_seed(0)
+    reference = HierarchicalAttention(16, 2, 3, causal=True)
+    assert torch.equal(layer.level_logits, torch.zeros(2, 3)) and torch.equal(layer.gate_logits, torch.zeros(2))
+    ratio = layer.q_proj[0].weight.std() / layer.k_proj[0].weight.std()  # queries carry sqrt(L) (same law as keys)
+    assert 1.3 < ratio < 2.3, ratio  # sqrt(3) = 1.73
+    # the output projection: the layer's own draw times 1 / sqrt(2 N), the same law as a fresh layer's
+    assert 0.5 < layer.out_proj.weight.std() * math.sqrt(8) / reference.out_proj.weight.std() < 2.0
+    fc2 = ByteLM(cfg).blocks[0].mlp[-1].weight
+    assert abs(fc2.std().item() - 0.02 / math.sqrt(8)) < 0.002
+
+
+def test_first_loss_is_uniform():
+    torch.manual_seed(0)
+    model = ByteLM(tiny()).eval()
+    x = torch.randint(0, 256, (8, 65))
+    loss = nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).item()
+    assert abs(loss - math.log(256)) < 0.05
+
+
+def test_input_checks():
+    model = ByteLM(tiny())
+    with pytest.raises(ValueError, match="max_len"):
+        model(torch.zeros(1, 65, dtype=torch.long))
+    with pytest.raises(ValueError, match="input_ids"):
+        model(torch.full((1, 3), 256))
+    with pytest.raises(TypeError, match="cfg"):
+        ByteLM({"d_model": 16})
+    with pytest.raises(ValueError, match="window"):
+        tiny("mha_window", {"window": 0})
+    with pytest.raises(ValueError, match="unknown key"):
+        tiny("mha", {"n_levels": 2})
+
+
+def test_config_round_trip():
+    cfg = tiny("hkt", {"n_levels": 2})
+    assert LMConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.attention_params == {"n_levels": 2, "stride": 2, "kernel_size": None, "conv_kernel_size": 3}
+    train = LMTrainConfig(steps=10, warmup=2)
+    assert LMTrainConfig.from_dict(train.to_dict()) == train
+    with pytest.raises(ValueError, match="unknown key"):
+        LMConfig.from_dict({"d_modl": 3})
+
+
+def test_learning_rate_schedule():
+    cfg = LMTrainConfig(steps=101, lr=1.0, min_lr=0.1, warmup=10)
+    assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(10, cfg) == pytest.approx(1.0) and lr_at(100, cfg) == pytest.approx(0.1)
+    assert lr_at(55, cfg) == pytest.approx(0.55)  # half-way down the cosine
+
+
+PATTERN = b"abcdefgh" * 2000  # period 8: after one period the next byte is determined
+
+
+@pytest.fixture(scope="module")
+def trained():
+    torch.set_num_threads(1)
+    cfg = LMConfig(d_model=32, n_heads=2, n_layers=1, max_len=32, attention="hkt", attention_params={"n_levels": 2})
+    train = LMTrainConfig(steps=100, batch_size=8, lr=1e-2, warmup=10, eval_every=50, eval_windows=8,
+                          final_windows=16, sample_prompt="cdefgh", sample_tokens=12)
+    return train_lm(cfg, train, PATTERN, PATTERN[5:], seed=0)
+
+
+def test_training_learns_a_periodic_pattern(trained):
+    model, record = trained
+    assert record["val_bpb"] < 1.0, record["val_bpb"]  # from 8 bits per byte at the start
+    assert record["history"][-1]["step"] == 100 and len(record["history"]) == 2
+    assert len(record["sequence_bpb"]) == 16
+    assert record["n_params"] == count_lm_parameters(model)
+
+
+def test_greedy_generation_reproduces_the_pattern(trained):
+    model, _ = trained
+    prompt = torch.tensor([list(b"abcdefgh" * 2)])
+    out = generate(model, prompt, 40, temperature=0)  # 56 > 32 = max_len: the window slides
+    assert bytes(out[0].tolist()) == (b"abcdefgh" * 8)[:56]
+    assert generate(model, prompt, 0).shape == prompt.shape
+    with pytest.raises(ValueError, match="temperature"):
+        generate(model, prompt, 3, temperature=-1)
+    with pytest.raises(ValueError, match="top_k"):
+        generate(model, prompt, 3, top_k=0)
+
+
+def test_top_k_one_is_greedy(trained):
+    model, _ = trained
+    prompt = torch.tensor([list(b"abcdef")])
+    assert torch.equal(generate(model, prompt, 10, top_k=1, generator=torch.Generator().manual_seed(1)),
+                       generate(model, prompt, 10, temperature=0))
+
+
+def test_generate_calls_the_decoder_hook(trained):
+    model, _ = trained
+    calls = []
+
+    class Spy:
+        def prefill(self, idx):
+            calls.append(("prefill", idx.shape[1]))
+            return model(idx[:, -32:])[:, -1]
+
+        def step(self, idx, token):
+            calls.append(("step", idx.shape[1]))
+            assert torch.equal(idx[:, -1], token)
+            return model(idx[:, -32:])[:, -1]
+
+    prompt = torch.tensor([list(b"abcdefgh")])
+    assert torch.equal(generate(model, prompt, 5, temperature=0, decoder=Spy()), generate(model, prompt, 5, temperature=0))
+    assert calls == [("prefill", 8), ("step", 9), ("step", 10), ("step", 11), ("step", 12)]
+
+
+def test_record_round_trip(trained, tmp_path):
+    _, record = trained
+    path = save_record(record, tmp_path / "lm-x.json")
+    assert load_record(path) == record
+    with pytest.raises(FileNotFoundError, match="no such record"):
+        load_record(tmp_path / "missing.json")
+
+
+def test_compare_lm_is_paired():
+    a = {"model": "a", "sequence_bpb": [1.0, 2.0, 3.0, 4.0]}
+    b = {"model": "b", "sequence_bpb": [1.5, 2.5, 3.4, 4.6]}
+    c = compare_lm(a, b)
+    assert c["difference"] == pytest.approx(0.5) and c["low"] > 0 and c["p_value"] < 0.05 and c["n"] == 4
+    assert compare_lm(b, a)["difference"] == pytest.approx(-0.5)
+    with pytest.raises(ValueError, match="different held-out windows"):
+        compare_lm(a, {"sequence_bpb": [1.0]})
+
+
+def test_eval_windows_are_consecutive():
+    data = torch.arange(23, dtype=torch.uint8)
+    w = eval_windows(data, 4)
+    assert w.shape == (4, 5) and torch.equal(w.flatten(), torch.arange(20))
+    with pytest.raises(ValueError, match="fewer than one window"):
+        eval_windows(data[:3], 4)
+
+
+def test_presets_are_parameter_matched():
+    for preset in LM_PRESETS:
+        counts = {m: count_lm_parameters(lm_model_config(m, preset)) for m in LM_MODELS}
+        cfg = lm_model_config("mha", preset)
+        tolerance = cfg.n_layers * (2 * cfg.d_model + 1) / 2
+        assert max(counts.values()) - min(counts.values()) <= 2 * tolerance, (preset, counts)
+        assert lm_model_config("mha_window", preset).attention_params["window"] == LM_PRESETS[preset].window
+
+
+def test_runner_skips_finished_runs(tmp_path, one_thread):
+    data = (PATTERN[:4000], PATTERN[:2000])
+    records = run_lm(["mha"], "smoke", results_dir=tmp_path, data=data, log=None)
+    path = tmp_path / "lm-mha-smoke-seed0.json"
+    assert path.is_file() and load_record(path) == records["mha", 0]
+    stamp = path.stat().st_mtime_ns
+    again = run_lm(["mha"], "smoke", results_dir=tmp_path, data=data, log=None)
+    assert again == records and path.stat().st_mtime_ns == stamp  # loaded, not retrained
+
+
+def test_imdb_bytes_missing_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="plain_text"):
+        imdb_bytes("train", data_dir=tmp_path, cache_dir=tmp_path / "cache")
+    with pytest.raises(ValueError, match="split"):
+        imdb_bytes("validation", data_dir=tmp_path)
+
+
+def test_imdb_bytes_reads_the_reviews(data_dir, tmp_path):
+    text = imdb_bytes("test", data_dir=data_dir, cache_dir=tmp_path, max_bytes=100_000)
+    assert len(text) == 100_000 and b"<br />" in text
+    assert (tmp_path / "lm" / "imdb-test.bin").is_file()
+    assert imdb_bytes("test", data_dir=data_dir, cache_dir=tmp_path, max_bytes=100_000) == text
+
+
+def test_generation_timing_uses_the_decoder_and_checks_the_context(trained):
+    from hkt_nb.lm import RecomputeDecoder, generation_ms_per_token
+    model, _ = trained
+    built = []
+
+    def factory(m):
+        built.append(m)
+        return RecomputeDecoder(m)
+
+    assert generation_ms_per_token(model, 16, new_tokens=4, decoder_factory=factory) > 0 and built == [model]
+    with pytest.raises(ValueError, match="context"):
+        generation_ms_per_token(model, 30, new_tokens=4)  # 30 + 4 > max_len = 32
