@@ -8,7 +8,7 @@ __all__ = ['EXPECTED_MODELS', 'PAIRS', 'PAPER_REPORTED', 'ALPHA', 'VERDICT_RULES
            'mcnemar_power', 'paired_bootstrap', 'pooled_paired_bootstrap', 'correctness_correlation', 'standard_errors',
            'compare_on_seed', 'seed_summary', 'verdict', 'seed_outcome', 'flips_to', 'verdict_margin',
            'learned_the_task', 'counted_verdict', 'pooled_comparison', 'choose_preset', 'results_summary',
-           'summary_markdown', 'run_grid']
+           'summary_markdown', 'established_sentences', 'run_grid']
 
 # %% ../../nbs/09_results.ipynb #87d7b9c2
 import json
@@ -502,6 +502,34 @@ def summary_markdown(summary: dict) -> str:
         lines.append("Verdicts of the rule that one changed test example would overturn: "
                      + "; ".join(f"{r['task']} {r['models'][0]} vs {r['models'][1]}" for r in fragile) + ".")
     return "\n".join(lines)
+
+
+def established_sentences(results_dir=None,  # default: `default_results_dir()` (chapter 5)
+                          preset: str = "cpu") -> str:
+    """Two sentences, without numbers, on what the runs of `preset` and their trivial baselines establish and what
+    they do not (the book's first page): from `results_summary`."""
+    from hkt_nb.lra.workspace import default_results_dir
+
+    summary = results_summary(default_results_dir() if results_dir is None else results_dir, preset)
+    rows = summary["rows"]
+    if not any(r["n_test"] for r in rows):
+        return (f"No `{preset}` runs are on disk here, so nothing about accuracy is established on this page; the "
+                "layer, its cost and the theory chapters' properties are proved or measured where they are stated.")
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    learned = [t for t in tasks if all(s["learned"] for (task, _), s in summary["learned"].items() if task == t)]
+    decided = [r for r in rows if not r["counted"].startswith(("inconclusive", "excluded"))]
+    first = ("Established: the layer is implemented and tested as the book derives it, and at the small `cpu` scale "
+             + ("; ".join(f"{r['counted']} on {r['task']}" for r in decided) if decided else
+                "no comparison between the models is decided")
+             + (f", with every model beating the trivial baselines on {', '.join(learned)} only." if learned and len(learned) < len(tasks)
+                else ", with every model beating the trivial baselines on every task." if learned else
+                ", because on every task at least one model does not beat a trivial baseline (the majority label, one "
+                "token, or a linear model on pixels or bytes)."))
+    second = ("Not established: whether HKT beats standard attention at the paper's scale, which needs a GPU and has "
+              "not been run" + ("" if len(learned) == len(tasks) else
+                                f", nor at the `cpu` scale on {', '.join(t for t in tasks if t not in learned)}, where "
+                                "not every model has yet learned more than those baselines") + ".")
+    return first + " " + second
 
 # %% ../../nbs/09_results.ipynb #cbeb6149
 def run_grid(results_dir,  # folder holding the run records
