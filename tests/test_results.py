@@ -327,3 +327,73 @@ def test_chapter_runs_on_missing_and_partial_results(tmp_path, keep):
     outputs = json.dumps([c.get("outputs", []) for c in cells])
     assert "not yet run" in outputs and "not run (needs a GPU)" in outputs
     assert ("listops-hkt-cpu-seed0" in outputs) == bool(keep)
+
+
+# ---------------------------------------------------------------- issue 23: the pooled test, verdict margins, baselines
+def test_pooled_bootstrap_agrees_with_a_direct_computation():
+    from hkt_nb.lra.results import pooled_paired_bootstrap
+
+    ca = np.array([[1, 1, 0, 0, 1, 1], [1, 0, 1, 0, 1, 0], [1, 0, 0, 1, 1, 1]], bool)
+    cb = np.array([[0, 0, 0, 0, 1, 0], [0, 0, 1, 1, 0, 0], [0, 1, 0, 1, 1, 0]], bool)
+    pooled = pooled_paired_bootstrap(ca, cb, n_resamples=40_000, seed=3)
+    # the difference: the mean over seeds of the per-seed accuracy differences
+    assert pooled["difference"] == pytest.approx(np.mean(ca.mean(1) - cb.mean(1)))
+    # the interval: a direct bootstrap that resamples example indices, the same indices for every seed
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, 6, size=(40_000, 6))
+    direct = (ca[:, idx].mean(2) - cb[:, idx].mean(2)).mean(0)
+    low, high = np.quantile(direct, [0.025, 0.975])
+    assert pooled["low"] == pytest.approx(low, abs=1 / 18 + 1e-9) and pooled["high"] == pytest.approx(high, abs=1 / 18 + 1e-9)
+    assert pooled["n_seeds"] == 3 and pooled["n"] == 6
+
+
+def test_pooled_bootstrap_of_one_seed_is_the_single_seed_bootstrap():
+    from hkt_nb.lra.results import paired_bootstrap, pooled_paired_bootstrap
+
+    rng = np.random.default_rng(5)
+    a, b = rng.random(500) < 0.6, rng.random(500) < 0.55
+    one, single = pooled_paired_bootstrap(a[None], b[None], seed=2), paired_bootstrap(a, b, seed=2)
+    assert (one["low"], one["high"], one["difference"]) == (single["low"], single["high"], single["difference"])
+    with pytest.raises(ValueError, match="correct_a"):
+        pooled_paired_bootstrap(np.ones((2, 3), bool), np.ones((3, 3), bool))
+
+
+def test_verdict_margin_counts_single_example_changes():
+    from hkt_nb.lra.results import ALPHA, binomial_two_sided_p, flips_to, verdict_margin
+
+    # 161 vs 126 discordant of 2000 is significant, 160 vs 126 is not: a verdict one example from changing
+    assert binomial_two_sided_p(161, 287) < ALPHA <= binomial_two_sided_p(160, 286)
+    seed2 = {"only_a": 161, "only_b": 126, "n": 2000, "seed": 2}
+    assert flips_to(seed2) == 1
+    strong = {"only_a": 200, "only_b": 100, "n": 2000, "seed": 0}
+    margin = verdict_margin([strong, strong, seed2])
+    assert margin["margin"] == 1 and margin["survives_one_change"] is False
+    assert verdict_margin([strong] * 3)["margin"] is None  # more than max_flips away
+    assert verdict_margin([None])["margin"] is None
+
+
+def test_learned_the_task_and_exclusion():
+    from hkt_nb.lra.results import counted_verdict, learned_the_task, run_name
+
+    runs = {run_name("imdb", m, "cpu", s): {"test_acc": acc} for m, accs in (("hkt", (0.7, 0.8, 0.75)),
+                                                                             ("mha", (0.7, 0.6, 0.75)))
+            for s, acc in enumerate(accs)}
+    base = {"imdb": {"strongest": "bigrams", "baselines": {"bigrams": {"test_acc": 0.65}}}}
+    hkt, mha = (learned_the_task(runs, base, "imdb", m, "cpu") for m in ("hkt", "mha"))
+    assert hkt["learned"] and not mha["learned"] and mha["below"] == [1] and hkt["bar"] == 0.65
+    assert counted_verdict("hkt better than mha", hkt, mha, ("hkt", "mha")).startswith("excluded (mha has not learned")
+    assert counted_verdict("hkt better than mha", hkt, hkt, ("hkt", "mha")) == "hkt better than mha"
+
+
+def test_results_summary_of_the_committed_runs():
+    from hkt_nb.lra.baselines import load_baselines
+    from hkt_nb.lra.results import load_runs, results_summary, summary_markdown
+
+    if not load_runs(RESULTS, "cpu") or not load_baselines(RESULTS, "cpu"):
+        pytest.skip("no committed cpu runs or baselines")
+    summary = results_summary(RESULTS, "cpu")
+    for row in summary["rows"]:
+        a, b = row["models"]
+        if any(summary["learned"][(row["task"], m)]["learned"] is False for m in (a, b)):
+            assert row["counted"].startswith("excluded")
+    assert summary_markdown(summary).startswith("**At preset `cpu`**")

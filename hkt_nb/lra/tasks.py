@@ -212,6 +212,7 @@ register_task(Task(
     models=("hkt", "mha", "hkt_l1", "hkt_l2"),
     pairs=(("hkt", "mha"), ("hkt", "hkt_l1"), ("hkt", "hkt_l2"), ("hkt_l2", "hkt_l1"), ("hkt_l1", "mha")),
     paper={"hkt": (55.10, 0.29), "mha": (50.33, 0.12)},
+    baselines={"majority": "majority_baseline", "root_operator": "root_operator_baseline"},
     chapter="06_listops", title="ListOps"))
 
 register_task(Task(
@@ -220,6 +221,7 @@ register_task(Task(
     hub="uoft-cs/cifar10", unit="images",
     sizes={"cpu": {"n_train": 2500, "epochs": 4}, "paper": {"epochs": 100, "batch_size": 64, "lr": 1e-3}},
     train_size=45_000, models=("hkt", "mha"), paper={"hkt": (35.45, 0.09), "mha": (34.01, 0.19)},
+    baselines={"majority": "majority_baseline", "pixels": "pixel_softmax_baseline", "histogram": "histogram_softmax_baseline"},
     chapter="07_scifar10", title="sequential CIFAR-10"))
 
 register_task(Task(
@@ -227,6 +229,7 @@ register_task(Task(
     load=_benchmarks("imdb_splits"), tokenise=tokenise_text, hub="stanfordnlp/imdb", unit="reviews",
     sizes={"cpu": {"n_train": 2500, "epochs": 4}, "paper": {"epochs": 32}},
     train_size=22_500, models=("hkt", "mha"), paper={"hkt": (70.19, 0.57), "mha": (62.72, 0.40)},
+    baselines={"majority": "majority_baseline", "byte_unigrams": "byte_unigram_baseline", "byte_bigrams": "byte_bigram_baseline"},
     chapter="08_imdb", title="IMDB characters"))
 
 register_task(Task(
