@@ -635,6 +635,7 @@ class CachedDecoder:
             raise ValueError("call prefill(idx) before step(idx, token)")
         if self.length == self.model.cfg.max_len:  # a full window slides: positions renumbered, blocks re-aligned
             return self.prefill(idx)
+        check_input_ids(token[:, None], self.model.cfg.vocab_size, 1)
         x = self._embed(token[:, None], self.length)
         self.length += 1
         return self._blocks(x, decoding.step)
