@@ -348,6 +348,9 @@ def test_generation_timing_uses_the_decoder_and_checks_the_context(trained):
     assert generation_ms_per_token(model, 16, new_tokens=4, decoder_factory=factory) > 0 and built == [model]
     with pytest.raises(ValueError, match="context"):
         generation_ms_per_token(model, 30, new_tokens=4)  # 30 + 4 > max_len = 32
+    with pytest.raises(ValueError, match="statistic"):
+        generation_ms_per_token(model, 16, new_tokens=4, statistic="mean")
+    assert generation_ms_per_token(model, 16, new_tokens=4, decoder_factory=CachedDecoder, statistic="min") > 0
 
 
 # --- cached decoding (issue 18, item 2) -----------------------------------------------------------------------------
