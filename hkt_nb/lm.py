@@ -582,7 +582,8 @@ def _sample(logits, temperature, top_k, generator):
 # %% ../nbs/15_lm.ipynb #c7a0d5e2
 class WindowKVCache(KVCache):
     """The decoding cache of a causal `SlidingWindowAttention`: a `KVCache` whose steps attend only the newest
-    `window` keys (the layer's window when the cache is made). Made by `hkt_nb.decoding.layer_cache`."""
+    `window` keys (the layer's window when the cache is made). It stores every key, of which a step reads w: in
+    `ByteLM` at most max_len, since `CachedDecoder` rebuilds its caches then. Made by `hkt_nb.decoding.layer_cache`."""
 
     def __init__(self, layer: SlidingWindowAttention, batch_size: int):
         super().__init__(layer, batch_size)
@@ -598,7 +599,7 @@ class CachedDecoder:
     full, each step rebuilds the caches on the slid window (see the text). Both return the logits (B, V) of the next
     byte, equal to `ByteLM.forward`'s at the window's last position. Raises `TypeError` when a block's attention has
     no registered cache (`hkt_nb.decoding.CACHES`), `ValueError` for a model in training mode with dropout or a
-    step before `prefill`."""
+    step before `prefill`, and the errors of `check_input_ids` for bad bytes."""
 
     def __init__(self, model: ByteLM):
         missing = sorted({type(a).__name__ for a in model.attention_layers() if type(a) not in CACHES})
