@@ -49,7 +49,12 @@ class GrowingBuffer:
 # %% ../nbs/02b_decoding.ipynb #599c9db0
 class KVCache:
     """The standard key/value cache of a causal `MultiHeadAttention`: the keys and values (B, H, n, d) of the
-    n positions seen so far. Made by `layer_cache`; filled by `prefill` and `step`."""
+    n positions seen so far. Made by `layer_cache`; filled by `prefill` and `step`.
+
+    `window` (None here): a subclass's cache that sets it to w makes a step attend only the newest w keys, the
+    cache of a sliding-window layer (registered in `CACHES` with its layer class, e.g. by `hkt_nb.lm`)."""
+
+    window: int | None = None
 
     def __init__(self, layer: MultiHeadAttention, batch_size: int):
         p = layer.out_proj.weight
@@ -98,19 +103,23 @@ class HKTCache:
         return sum(t.numel() for t in stored) + sum(q.numel() for q in self.queries if q is not None)
 
 # %% ../nbs/02b_decoding.ipynb #31c4a050
-CACHES = {HierarchicalAttention: HKTCache, MultiHeadAttention: KVCache}  #: layer class -> its cache class
+CACHES = {HierarchicalAttention: HKTCache, MultiHeadAttention: KVCache}  #: layer class (exact) -> its cache class
 
 
 def layer_cache(
     layer: nn.Module,  # a causal `HierarchicalAttention` or `MultiHeadAttention`
     batch_size: int,  # B >= 1, the number of sequences decoded together
 ) -> HKTCache | KVCache:  # an empty cache (length 0) on the layer's device, in its parameters' dtype
-    """An empty decoding cache for `layer` (chapter *Incremental decoding*).
+    """An empty decoding cache for `layer` (chapter *Incremental decoding*), the `CACHES` entry of the layer's own
+    class: a subclass is not served by its parent's cache, since it may change what a position reads (a
+    sliding-window subclass of `MultiHeadAttention` does), so it registers its own.
 
-    Raises `TypeError` for another kind of layer, `ValueError` for a layer that is not causal or a bad `batch_size`."""
-    cache_cls = next((c for cls, c in CACHES.items() if isinstance(layer, cls)), None)
+    Raises `TypeError` for a class without an entry, `ValueError` for a layer that is not causal or a bad
+    `batch_size`."""
+    cache_cls = CACHES.get(type(layer))
     if cache_cls is None:
-        raise TypeError(f"layer must be one of {', '.join(c.__name__ for c in CACHES)}, got {type(layer).__name__}")
+        raise TypeError(f"layer must be one of {', '.join(c.__name__ for c in CACHES)} (the class itself: a subclass "
+                        f"registers its own cache in CACHES), got {type(layer).__name__}")
     if not layer.causal:
         raise ValueError(f"layer must be causal (built with causal=True) to decode incrementally: {type(layer).__name__}"
                          f"(causal=False) lets every position read later ones")
@@ -183,8 +192,11 @@ def _mha_step(layer: MultiHeadAttention, x: torch.Tensor, cache: KVCache) -> tor
     cache.keys.append(k)
     cache.values.append(v)
     cache.length += 1
-    probs = attention.level_scores(q, cache.keys.view).softmax(-1)  # (B, H, 1, n): all n keys allowed
-    return layer.out_proj(attention.merge_heads(probs.to(v.dtype) @ cache.values.view))
+    keys, values = cache.keys.view, cache.values.view  # (B, H, n, d): all n keys allowed
+    if cache.window is not None:  # a sliding window: the newest w keys only
+        keys, values = keys[..., -cache.window:, :], values[..., -cache.window:, :]
+    probs = attention.level_scores(q, keys).softmax(-1)
+    return layer.out_proj(attention.merge_heads(probs.to(v.dtype) @ values))
 
 # %% ../nbs/02b_decoding.ipynb #936bc422
 @torch.no_grad()

@@ -172,6 +172,27 @@ def test_errors_name_the_argument(randomise):
         step(dropping, torch.randn(1, 1, 16, dtype=torch.float64), layer_cache(dropping, 1))
 
 
+def test_a_subclass_does_not_inherit_its_parents_cache(randomise):
+    "A subclass may change what a position reads (a sliding window does): it needs its own entry in CACHES."
+    class Banded(MultiHeadAttention):
+        pass
+
+    with pytest.raises(TypeError, match="Banded"):
+        layer_cache(Banded(16, 4, causal=True), 1)
+    assert type(layer_cache(MultiHeadAttention(16, 4, causal=True), 1)) is KVCache
+
+
+def test_a_windowed_kv_cache_attends_the_newest_keys(randomise):
+    "KVCache.window = w: a step reads the newest w keys only, the causal band i - w < j <= i."
+    layer = randomise(MultiHeadAttention(16, 4, causal=True).double())
+    x = torch.randn(2, 12, 16, dtype=torch.float64)
+    cache = layer_cache(layer, 2)
+    cache.window = 3
+    out = [prefill(layer, x[:, :1], cache)] + [step(layer, x[:, i : i + 1], cache) for i in range(1, 12)]
+    for i in range(2, 12):  # position i reads positions i - 2 .. i: the layer on that slice, at its last position
+        torch.testing.assert_close(out[i], layer(x[:, i - 2 : i + 1])[:, -1:], rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("n_levels,stride,kernel_size", [(3, 2, None), (4, 2, 3), (3, 3, 5)])
 def test_prefill_builds_the_state_that_steps_build(randomise, n_levels, stride, kernel_size):
     "The cache read off a prompt equals the cache built by stepping through it, tensor by tensor."

@@ -1,7 +1,9 @@
-"""The byte-level language model of chapter 15 (`hkt_nb.lm`, issue 18 items 1 and 3): causality of every variant,
+"""The byte-level language model of chapter 15 (`hkt_nb.lm`, issue 18 items 1 to 3): causality of every variant,
 the tied head, the weight-decay groups, the restorable initialisation, a known-answer training run, greedy
-generation and the record."""
+generation, the record, and cached decoding (`CachedDecoder`): its logits equal the full forward's in float64 for
+random and trained weights, and cached generation equals recomputed generation token for token past max_len."""
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -13,11 +15,15 @@ from hkt_nb.lm import (
     LM_PRESETS,
     ByteLM,
     LMConfig,
+    CachedDecoder,
     LMTrainConfig,
+    RecomputeDecoder,
     SlidingWindowAttention,
+    WindowKVCache,
     compare_lm,
     configure_optimizer,
     count_lm_parameters,
+    default_decoder,
     eval_windows,
     generate,
     imdb_bytes,
@@ -29,7 +35,8 @@ from hkt_nb.lm import (
     train_lm,
     window_mask,
 )
-from hkt_nb.model import get_attention_variant
+from hkt_nb.decoding import KVCache, cached_forward, layer_cache
+from hkt_nb.model import get_attention_variant, register_attention
 
 VARIANTS = [("mha", {}), ("mha_window", {"window": 5}), ("hkt", {"n_levels": 1}), ("hkt", {"n_levels": 3}),
             ("hkt", {"n_levels": 3, "stride": 3, "kernel_size": 4})]
@@ -341,3 +348,120 @@ def test_generation_timing_uses_the_decoder_and_checks_the_context(trained):
     assert generation_ms_per_token(model, 16, new_tokens=4, decoder_factory=factory) > 0 and built == [model]
     with pytest.raises(ValueError, match="context"):
         generation_ms_per_token(model, 30, new_tokens=4)  # 30 + 4 > max_len = 32
+    with pytest.raises(ValueError, match="statistic"):
+        generation_ms_per_token(model, 16, new_tokens=4, statistic="mean")
+    assert generation_ms_per_token(model, 16, new_tokens=4, decoder_factory=CachedDecoder, statistic="min") > 0
+
+
+# --- cached decoding (issue 18, item 2) -----------------------------------------------------------------------------
+
+CACHED = [("mha", {}), ("mha_window", {"window": 5}), ("hkt", {"n_levels": 1}), ("hkt", {"n_levels": 3}),
+          ("hkt", {"n_levels": 3, "stride": 3, "kernel_size": 4}), ("hkt", {"n_levels": 2, "stride": 4, "kernel_size": 5})]
+PROMPTS = [1, 5, 17]
+
+
+def random_lm(randomise, attention, params, **kw) -> ByteLM:
+    "A float64 model of `tiny` shape (max_len 64) with every parameter N(0, 0.3^2): non-trivial gates and logits."
+    torch.manual_seed(0)
+    return randomise(ByteLM(tiny(attention, params, **kw)).double()).eval()
+
+
+def cached_logits(model: ByteLM, seq: torch.Tensor, prompt_length: int) -> torch.Tensor:
+    "Logits (B, T - P + 1, V) at positions P - 1 .. T - 1 from `prefill` on the first P bytes, then one step a byte."
+    decoder = CachedDecoder(model)
+    out = [decoder.prefill(seq[:, :prompt_length])]
+    out += [decoder.step(seq[:, : t + 1], seq[:, t]) for t in range(prompt_length, seq.shape[1])]
+    return torch.stack(out, 1)
+
+
+def assert_cached_equals_full(model, T=64, B=2):
+    seq = torch.randint(0, 256, (B, T))
+    full = model(seq)  # T = 64 crosses blocks of every level: s^l = 2, 4, 8 / 3, 9 / 4
+    for P in PROMPTS:
+        torch.testing.assert_close(cached_logits(model, seq, P), full[:, P - 1 :], rtol=0, atol=1e-10,
+                                   msg=lambda m: f"prompt length {P}: {m}")
+
+
+@pytest.mark.parametrize("attention, params", CACHED)
+def test_cached_logits_equal_the_full_forward(randomise, attention, params, one_thread):
+    assert_cached_equals_full(random_lm(randomise, attention, params))
+
+
+@pytest.fixture(scope="module")
+def trained_models():
+    "float64 copies of briefly trained models (30 steps on a period-8 pattern), one per cached variant."
+    torch.set_num_threads(1)
+    train = LMTrainConfig(steps=30, batch_size=8, lr=1e-2, warmup=5, eval_every=30, eval_windows=4, final_windows=8,
+                          sample_tokens=4)
+    models = {}
+    for attention, params in CACHED:
+        model, record = train_lm(tiny(attention, params), train, PATTERN, PATTERN[3:], seed=0)
+        models[attention, tuple(sorted(params.items()))] = (model.double().eval(), record)
+    return models
+
+
+@pytest.mark.parametrize("attention, params", CACHED)
+def test_cached_logits_of_a_trained_model_equal_the_full_forward(trained_models, attention, params):
+    model, record = trained_models[attention, tuple(sorted(params.items()))]
+    assert record["val_bpb"] < 6.0  # it learned something: the uniform model has 8 bits per byte
+    assert_cached_equals_full(model)
+    seq = torch.tensor([list(PATTERN[:64])])  # and on the text it was trained on
+    torch.testing.assert_close(cached_logits(model, seq, 5), model(seq)[:, 4:], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("attention, params", CACHED)
+def test_cached_generation_equals_recomputed_generation_past_max_len(randomise, trained_models, attention, params):
+    prompt = torch.randint(0, 256, (2, 5))
+    trained = trained_models[attention, tuple(sorted(params.items()))][0]
+    for model in (random_lm(randomise, attention, params), trained):
+        assert isinstance(default_decoder(model), CachedDecoder)
+        for P in (1, 5):  # P + 100 > max_len = 64: the window slides and the caches are rebuilt
+            greedy = generate(model, prompt[:, :P], 100, temperature=0)
+            assert greedy.shape == (2, P + 100)
+            assert torch.equal(greedy, generate(model, prompt[:, :P], 100, temperature=0, decoder=RecomputeDecoder(model)))
+    long_prompt = torch.randint(0, 256, (1, 90))  # a prompt longer than max_len: its last 64 bytes
+    assert torch.equal(generate(trained, long_prompt, 10, temperature=0),
+                       generate(trained, long_prompt, 10, temperature=0, decoder=RecomputeDecoder(trained)))
+    sampled = [generate(trained, prompt, 80, temperature=1.0, top_k=20, generator=torch.Generator().manual_seed(3),
+                        decoder=make(trained)) for make in (CachedDecoder, RecomputeDecoder)]
+    assert torch.equal(*sampled)
+
+
+def test_the_window_cache_attends_the_newest_keys(randomise):
+    layer = randomise(SlidingWindowAttention(16, 4, causal=True, window=6).double())
+    cache = layer_cache(layer, 2)
+    assert type(cache) is WindowKVCache and cache.window == 6
+    x = torch.randn(2, 40, 16, dtype=torch.float64)
+    for P in (1, 5, 17):
+        torch.testing.assert_close(cached_forward(layer, x, P), layer(x), rtol=0, atol=1e-12)
+    assert type(layer_cache(MultiHeadAttention(16, 4, causal=True), 1)) is KVCache  # the parent keeps its own
+
+
+def test_a_variant_without_a_cache_is_recomputed(attention_registry):
+    @dataclass(frozen=True)
+    class NoParams:
+        pass
+
+    class Custom(MultiHeadAttention):  # a subclass (it might attend differently): it must not inherit the KV cache
+        pass
+
+    register_attention("uncached", lambda d, h, causal, dropout, p: Custom(d, h, causal, dropout), NoParams)
+    model = ByteLM(tiny("uncached")).eval()
+    assert isinstance(default_decoder(model), RecomputeDecoder)
+    with pytest.raises(TypeError, match="Custom"):
+        CachedDecoder(model)
+    prompt = torch.tensor([list(b"abc")])
+    assert generate(model, prompt, 5, temperature=0).shape == (1, 8)
+
+
+def test_cached_decoder_errors(randomise):
+    model = random_lm(randomise, "hkt", {"n_levels": 2}, dropout=0.1)
+    with pytest.raises(ValueError, match="prefill"):
+        CachedDecoder(model).step(torch.tensor([[1, 2]]), torch.tensor([2]))
+    model.train()
+    with pytest.raises(ValueError, match="eval"):
+        CachedDecoder(model).prefill(torch.tensor([[1, 2]]))
+    model.eval()  # dropout is then the identity, and the cached logits equal the forward's
+    assert_cached_equals_full(model, T=20, B=1)
+    with pytest.raises(ValueError, match="input_ids"):
+        CachedDecoder(model).prefill(torch.tensor([[1, 256]]))
