@@ -200,8 +200,16 @@ class HierarchicalAttention(nn.Module):
 
     `forward(x, key_padding_mask=None, impl="fused")`: x (B, T, D) float, any T >= 1; key_padding_mask (B, T)
     bool, True = padding, right padding; `impl` "fused" (SDPA) or "explicit" (materialised scores; equal up to
-    rounding), or the experimental "flex" (FlexAttention; see the chapter). Returns (B, T, D). The constructor raises `TypeError` / `ValueError` naming a bad argument and
-    its allowed range; `forward` raises them for wrong dtypes, shapes, masks or `impl`."""
+    rounding), or the experimental "flex" (FlexAttention; see the chapter). Returns (B, T, D). The constructor raises
+    `TypeError` / `ValueError` naming a bad argument and its allowed range; `forward` raises them for wrong dtypes,
+    shapes, masks or `impl`. NaN / inf at padded positions of x are read as zero (`finite_padding`).
+
+    Limits (chapter *Hierarchical attention*, section *Export, tracing, vmap, and the limits that stay*): the
+    right-padding check on the mask's values is skipped under `torch.compile`, `torch.export`, `torch.jit.trace`
+    and `torch.func.vmap` (`can_check_values`); `torch.export` with a dynamic T (`torch.export.Dim.DYNAMIC`) gives a
+    program valid for T > stride^(n_levels-1); a `torch.jit.trace` is valid at the traced shapes only;
+    `torch.jit.script` is not supported; second-order gradients of impl="fused" are not available on the CPU (use
+    impl="explicit"); impl="flex" on the CPU is forward-only (run it under `torch.no_grad()`)."""
 
     def __init__(self,
                  d_model: int,  # model width D >= 1
