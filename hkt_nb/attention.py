@@ -20,7 +20,8 @@ from .downsampling import Pyramid
 # %% auto #0
 __all__ = ['ATTENTION_IMPLS', 'split_heads', 'merge_heads', 'attention_mask', 'level_scores', 'upsample_index', 'upsample_tokens',
            'upsample_scores', 'fuse_scores', 'masked_attention', 'hybrid_mix', 'fused_queries_keys', 'add_to_class',
-           'HKTScores', 'HierarchicalAttention', 'MultiHeadAttention', 'check_attention_inputs']
+           'HKTScores', 'HierarchicalAttention', 'MultiHeadAttention', 'can_check_values', 'check_attention_inputs',
+           'finite_padding']
 
 # %% ../nbs/02_attention.ipynb #784cee0f
 def split_heads(
@@ -50,7 +51,8 @@ def attention_mask(
     `torch.nn.functional.scaled_dot_product_attention` (True = may attend).
 
     Padded keys are excluded; in causal mode keys after the query too. Rows of a fully padded sequence are
-    left unmasked so that no softmax row is empty (no NaN)."""
+    left unmasked so that no softmax row is empty (no NaN); so is, in causal mode, a (padded) query with no real
+    key up to it, which only left padding or holes give (the standard attention baseline accepts them)."""
     allowed = None
     if key_padding_mask is not None:
         keep = ~key_padding_mask
@@ -59,6 +61,8 @@ def attention_mask(
     if causal:
         tril = torch.ones(T, T, dtype=torch.bool, device=device).tril()
         allowed = tril if allowed is None else allowed & tril
+        if key_padding_mask is not None:  # a query before every real key: lift its row (finite, meaningless)
+            allowed = allowed | ~allowed.any(-1, keepdim=True)
     return allowed
 
 # %% ../nbs/02_attention.ipynb #d94f89f7
@@ -196,8 +200,16 @@ class HierarchicalAttention(nn.Module):
 
     `forward(x, key_padding_mask=None, impl="fused")`: x (B, T, D) float, any T >= 1; key_padding_mask (B, T)
     bool, True = padding, right padding; `impl` "fused" (SDPA) or "explicit" (materialised scores; equal up to
-    rounding), or the experimental "flex" (FlexAttention; see the chapter). Returns (B, T, D). The constructor raises `TypeError` / `ValueError` naming a bad argument and
-    its allowed range; `forward` raises them for wrong dtypes, shapes, masks or `impl`."""
+    rounding), or the experimental "flex" (FlexAttention; see the chapter). Returns (B, T, D). The constructor raises
+    `TypeError` / `ValueError` naming a bad argument and its allowed range; `forward` raises them for wrong dtypes,
+    shapes, masks or `impl`. NaN / inf at padded positions of x are read as zero (`finite_padding`).
+
+    Limits (chapter *Hierarchical attention*, section *Export, tracing, vmap, and the limits that stay*): the
+    right-padding check on the mask's values is skipped under `torch.compile`, `torch.export`, `torch.jit.trace`
+    and `torch.func.vmap` (`can_check_values`); `torch.export` with a dynamic T (`torch.export.Dim.DYNAMIC`) gives a
+    program valid for T > stride^(n_levels-1); a `torch.jit.trace` is valid at the traced shapes only;
+    `torch.jit.script` is not supported; second-order gradients of impl="fused" are not available on the CPU (use
+    impl="explicit"); impl="flex" on the CPU is forward-only (run it under `torch.no_grad()`)."""
 
     def __init__(self,
                  d_model: int,  # model width D >= 1
@@ -255,7 +267,7 @@ def levels(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None):
     (B, T_l), $T_l = \lceil T/s^l \rceil$. Level 0 is `x` as given; the coarser levels are the pyramid's
     (chapter *Causal downsampling*). Raises like `forward` for bad inputs."""
     check_attention_inputs(x, key_padding_mask, self.d_model, self.out_proj.weight.dtype)
-    return self._level_tokens(x, key_padding_mask)
+    return self._level_tokens(finite_padding(x, key_padding_mask), key_padding_mask)
 
 
 @add_to_class(HierarchicalAttention)
@@ -284,7 +296,7 @@ def causal_value_conv(self, v: torch.Tensor) -> torch.Tensor:
 def scores(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> HKTScores:
     "The explicit form's matrices, Eqs. (1)-(4), for input x (B, T, D); see `HKTScores`."
     check_attention_inputs(x, key_padding_mask, self.d_model, self.out_proj.weight.dtype)
-    T = x.shape[1]
+    x, T = finite_padding(x, key_padding_mask), x.shape[1]
     qs, ks = self.level_queries_keys(x, key_padding_mask)
     levels = [level_scores(q, k) for q, k in zip(qs, ks)]
     upsampled = []
@@ -335,6 +347,7 @@ def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
     "HKT attention of x (B, T, D) -> (B, T, D), Eqs. (1)-(5), by the implementation `impl` of `ATTENTION_IMPLS`."
     check_choice("impl", impl, ATTENTION_IMPLS)
     check_attention_inputs(x, key_padding_mask, self.d_model, self.out_proj.weight.dtype)
+    x = finite_padding(x, key_padding_mask)  # NaN / inf at padded positions must not reach real tokens
     v = self.v_proj(x)  # (B, T, D), shared by the attention and the convolution of the hybrid head
     attended = ATTENTION_IMPLS[impl](self, x, key_padding_mask, split_heads(v, self.n_heads))
     convolved = split_heads(self.causal_value_conv(v), self.n_heads)
@@ -414,7 +427,8 @@ class MultiHeadAttention(nn.Module):
     """Standard multi-head self-attention (Vaswani et al. 2017) with HKT's interface.
 
     `forward(x, key_padding_mask=None, impl="fused")`: x (B, T, D), key_padding_mask (B, T) bool
-    (True = padding), impl "fused" (`scaled_dot_product_attention`) or "explicit". Returns (B, T, D).
+    (True = padding; any pattern: left padding and holes too, standard attention has no blocks), impl "fused"
+    (`scaled_dot_product_attention`) or "explicit". Returns (B, T, D).
     `scores(x, key_padding_mask)` returns the attention probabilities (B, H, T, T). The constructor raises
     `TypeError` / `ValueError` naming a bad argument and its allowed range; `forward` raises like
     `HierarchicalAttention`'s."""
@@ -441,13 +455,13 @@ class MultiHeadAttention(nn.Module):
 
     def scores(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         "Attention probabilities (B, H, T, T) after the mask."
-        check_attention_inputs(x, key_padding_mask, self.d_model, self.out_proj.weight.dtype)
-        q, k, _ = self._qkv(x)
+        check_attention_inputs(x, key_padding_mask, self.d_model, self.out_proj.weight.dtype, right_padding=False)
+        q, k, _ = self._qkv(finite_padding(x, key_padding_mask))
         return self._probs(q, k, key_padding_mask)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, impl: str = "fused") -> torch.Tensor:
-        check_attention_inputs(x, key_padding_mask, self.d_model, self.out_proj.weight.dtype)
-        q, k, v = self._qkv(x)
+        check_attention_inputs(x, key_padding_mask, self.d_model, self.out_proj.weight.dtype, right_padding=False)
+        q, k, v = self._qkv(finite_padding(x, key_padding_mask))
         if impl == "fused":
             allowed = attention_mask(key_padding_mask, x.shape[1], self.causal and key_padding_mask is not None, x.device)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0,
@@ -459,14 +473,36 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(merge_heads(out))
 
 # %% ../nbs/02_attention.ipynb #f49d9afc
+def can_check_values(*tensors) -> bool:
+    """Whether a check on tensor *values* (a Python branch on data) can run here: False under `torch.compile`,
+    `torch.export`, `torch.jit.trace` and `torch.func.vmap` (a batched tensor among `tensors`), where the
+    value is symbolic, recorded once, or one of many."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing():
+        return False
+    return not any(_vmapped(t) for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _vmapped(t: torch.Tensor) -> bool:
+    "Whether `t` is batched by `torch.func.vmap` at some level (under `grad` too, whose wrapper is peeled off)."
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(t):
+        if functorch.is_batchedtensor(t):
+            return True
+        t = functorch.get_unwrapped(t)
+    return False
+
+
 def check_attention_inputs(
     x: torch.Tensor,  # (B, T, d_model) floating input
-    key_padding_mask: torch.Tensor | None,  # None or (B, T) bool, True = padding, right padding only
+    key_padding_mask: torch.Tensor | None,  # None or (B, T) bool, True = padding
     d_model: int,  # the layer's width D
     param_dtype: torch.dtype | None = None,  # the parameters' dtype; `x` must match it unless autocast is on
+    right_padding: bool = True,  # the mask must be right padding (HKT); False: any mask (standard attention)
 ) -> None:
     """Validate the inputs of an attention layer. The one check on tensor *values* (right padding) runs in eager
-    mode only: under `torch.compile` it is skipped, so the layer compiles to one graph without host syncs.
+    mode only: it is skipped where `can_check_values` is False (under `torch.compile`, `torch.export`,
+    `torch.jit.trace` and `torch.func.vmap`), so the layer compiles to one graph without host syncs. Shapes and
+    dtypes are checked everywhere.
 
     Raises `TypeError` (dtypes) or `ValueError` (shapes, T = 0, padding that is not right padding)."""
     if not isinstance(x, torch.Tensor):
@@ -487,8 +523,20 @@ def check_attention_inputs(
         raise TypeError(f"key_padding_mask must be a bool tensor (True = padding), got {got}")
     if key_padding_mask.shape != x.shape[:2]:
         raise ValueError(f"key_padding_mask must have shape (B, T) = {tuple(x.shape[:2])}, got {tuple(key_padding_mask.shape)}")
-    if torch.compiler.is_compiling():  # a value check branches on data: a graph break and a host sync
+    if not right_padding or not can_check_values(key_padding_mask):  # a branch on data: graph break, host sync
         return
     if (key_padding_mask[:, :-1] & ~key_padding_mask[:, 1:]).any():
         raise ValueError("key_padding_mask must be right padding (True only after the last real token): "
                          "coarse levels summarise contiguous blocks")
+
+
+def finite_padding(
+    x: torch.Tensor,  # (B, T, D)
+    key_padding_mask: torch.Tensor | None,  # None or (B, T) bool, True = padding
+) -> torch.Tensor:  # (B, T, D)
+    """x with every NaN or infinite value at a padded position replaced by zero (finite values are kept as they
+    are, so padded query rows still match `nn.MultiheadAttention`). A padded key is masked, but NaN times a zero
+    probability is NaN; without this, one NaN in the padding turns every real token into NaN."""
+    if key_padding_mask is None:
+        return x
+    return x.masked_fill(key_padding_mask[..., None] & ~x.isfinite(), 0.0)

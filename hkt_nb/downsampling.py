@@ -14,7 +14,7 @@ from ._checks import check_bool, check_heads, check_int  # noqa: F401
 from ._checks import check_probability as check_dropout  # noqa: F401
 
 # %% auto #0
-__all__ = ['level_lengths', 'CausalDownsample', 'coarsen_padding_mask', 'Pyramid', 'receptive_field']
+__all__ = ['level_lengths', 'CausalDownsample', 'coarsen_padding_mask', 'pad_to_stride', 'Pyramid', 'receptive_field']
 
 # %% ../nbs/01_downsampling.ipynb #ab6e70d0
 def level_lengths(
@@ -51,10 +51,10 @@ class CausalDownsample(nn.Module):
         self.pointwise = nn.Linear(d_model, d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[1] % self.stride:
+        if type(x.shape[1]) is int and x.shape[1] % self.stride:  # a symbolic length (export, trace): no branch
             raise ValueError(f"x has length {x.shape[1]}, not a multiple of the stride {self.stride}; use Pyramid, which pads")
         h = F.pad(x.transpose(1, 2), (self.kernel_size - self.stride, 0))  # causal: pad on the left only
-        return self.pointwise(self.depthwise(h).transpose(1, 2))
+        return self.pointwise(self.depthwise(h).transpose(1, 2).contiguous())  # contiguous: export's shape algebra
 
 # %% ../nbs/01_downsampling.ipynb #a4830ce3
 def coarsen_padding_mask(
@@ -67,13 +67,26 @@ def coarsen_padding_mask(
     return key_padding_mask[:, ::stride]
 
 # %% ../nbs/01_downsampling.ipynb #fdfa3711
+def pad_to_stride(
+    x: torch.Tensor,  # (B, T, D) one level
+    key_padding_mask: torch.Tensor,  # (B, T) bool, True = padding
+    stride: int,  # stride s >= 2
+) -> tuple[torch.Tensor, torch.Tensor]:  # (B, s ceil(T/s), D) and (B, s ceil(T/s))
+    """x right-padded with zeros to $s \lceil T/s \rceil$ positions (at most $s - 1$ more), and the mask with
+    `True` there (internal padding is padding). The amount is an expression in T (no Python branch), written
+    so that a symbolic T of `torch.export` simplifies: the step then has exactly $\lceil T/s \rceil$ tokens."""
+    extra = (x.shape[1] + stride - 1) // stride * stride - x.shape[1]
+    return F.pad(x, (0, 0, 0, extra)), F.pad(key_padding_mask, (0, extra), value=True)
+
+
 class Pyramid(nn.Module):
     """The level pyramid $X^{(0)}, \dots, X^{(L-1)}$ of HKT (paper Sec. 3; our reconstruction).
 
     `forward(x, key_padding_mask=None)` takes x (B, T, D) and an optional bool mask (B, T), True = padding,
     and returns `(levels, masks)`: lists of length `n_levels` with `levels[l]` of shape (B, T_l, D) and
     `masks[l]` of shape (B, T_l) (True = padding), $T_l = \lceil T/s^l \rceil$. Padded positions are zero
-    in every returned level, and before every convolution.
+    in every returned level, and before every convolution. Each level is padded to a multiple of $s$ before its
+step (`pad_to_stride`), so level $l$ costs $O(T_l)$ whatever `n_levels` is (chapter *Causal downsampling*).
     The constructor raises `TypeError` / `ValueError` naming a bad argument and its allowed range."""
 
     def __init__(self,
@@ -90,17 +103,15 @@ class Pyramid(nn.Module):
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None):
         B, T, _ = x.shape
-        lengths = level_lengths(T, self.n_levels, self.stride)
-        T_pad = lengths[-1] * self.stride ** (self.n_levels - 1)  # a multiple of s^(L-1)
         pad = torch.zeros(B, T, dtype=torch.bool, device=x.device) if key_padding_mask is None else key_padding_mask
-        pad = F.pad(pad, (0, T_pad - T), value=True)  # internal padding is padding too
-        h = F.pad(x, (0, 0, 0, T_pad - T)).masked_fill(pad[..., None], 0.0)
-        levels, masks = [h[:, :T]], [pad[:, :T]]
-        for l, down in enumerate(self.down, start=1):
+        h = x.masked_fill(pad[..., None], 0.0)
+        levels, masks = [h], [pad]
+        for down in self.down:
+            h, pad = pad_to_stride(h, pad, self.stride)  # T_l -> s T_{l+1}: at most s - 1 positions more
             h, pad = down(h), coarsen_padding_mask(pad, self.stride)
-            h = h.masked_fill(pad[..., None], 0.0)
-            levels.append(h[:, : lengths[l]])
-            masks.append(pad[:, : lengths[l]])
+            levels.append(h.masked_fill(pad[..., None], 0.0))
+            masks.append(pad)
+            h = levels[-1]
         return levels, masks
 
 # %% ../nbs/01_downsampling.ipynb #ad5f2eea

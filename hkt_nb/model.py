@@ -6,14 +6,16 @@
 from __future__ import annotations
 
 import functools
+import pickle
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import nn
 
 from ._checks import check_bool, check_choice, check_heads, check_int, check_probability
-from .attention import HierarchicalAttention, MultiHeadAttention, add_to_class
+from .attention import HierarchicalAttention, MultiHeadAttention, add_to_class, can_check_values
 from .pretrained import PretrainedMixin
 
 # %% auto #0
@@ -192,11 +194,11 @@ def masked_mean(
     key_padding_mask: torch.Tensor | None,  # None or (B, T) bool, True = padding
 ) -> torch.Tensor:  # (B, D)
     """Mean over time of x (B, T, D) over real positions (key_padding_mask True = padding) -> (B, D).
-    A fully padded row gives zeros."""
+    A fully padded row gives zeros; padded positions are never read (a NaN there stays out of the mean)."""
     if key_padding_mask is None:
         return x.mean(1)
-    keep = (~key_padding_mask).unsqueeze(-1).to(x.dtype)
-    return (x * keep).sum(1) / keep.sum(1).clamp(min=1)
+    keep = (~key_padding_mask).unsqueeze(-1)
+    return x.masked_fill(~keep, 0.0).sum(1) / keep.sum(1).clamp(min=1).to(x.dtype)
 
 # %% ../nbs/03_model.ipynb #e909a0e2
 class HKTClassifier(PretrainedMixin, nn.Module):
@@ -243,15 +245,22 @@ def attention_layers(self) -> list[nn.Module]:
 @add_to_class(HKTClassifier)
 @classmethod
 def from_checkpoint(cls, path, map_location="cpu") -> "HKTClassifier":
-    """The model saved in a checkpoint file `path` (a dict with "config", a `ClassifierConfig.to_dict()` (or the flat form of older checkpoints), and
-    "state_dict"; the training chapter's `results/checkpoints/<run>.pt`), in eval mode.
-    Raises `FileNotFoundError` when `path` does not exist. Loads with `weights_only=True` (no pickled code)."""
-    import os
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} not found: train with save_model=True (the cpu and paper presets do)")
-    blob = torch.load(path, map_location=map_location, weights_only=True)
-    model = cls(ClassifierConfig.from_dict(blob["config"]))
-    model.load_state_dict(blob["state_dict"])
+    """The model saved in a checkpoint file `path` (a dict with "config", a `ClassifierConfig.to_dict()` (or the flat
+    form of older checkpoints), and "state_dict"; the training chapter's `results/checkpoints/<run>.pt`), in eval mode.
+    Loads with `weights_only=True` (no pickled code). Raises `FileNotFoundError` when `path` does not exist, and
+    `ValueError` naming `path` and what it holds when it is not such a checkpoint (damaged, truncated, text or empty,
+    a training checkpoint `last.pt`, a bare state dict, a config with unknown fields, weights that do not fit)."""
+    blob = _read_model_checkpoint(path, map_location)
+    try:
+        cfg = ClassifierConfig.from_dict(blob["config"])
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{path}: its config does not fit this version's ClassifierConfig ({error}); it was written "
+                         "by another version of hkt_nb, or edited") from None
+    model = cls(cfg)
+    try:
+        model.load_state_dict(blob["state_dict"])
+    except (RuntimeError, TypeError, AttributeError) as error:
+        raise ValueError(f"{path}: its state_dict does not fit the model its config describes ({error})") from None
     return model.eval()
 
 # %% ../nbs/03_model.ipynb #f5a8f3a8
@@ -281,24 +290,82 @@ def matched_mha_config(cfg: ClassifierConfig) -> ClassifierConfig:
 
 # %% ../nbs/03_model.ipynb #35af2e19
 def check_input_ids(
-    input_ids: torch.Tensor,  # (B, T) integer token ids
+    input_ids: torch.Tensor,  # (B, T) integer token ids, int64 or int32
     vocab_size: int,  # ids must lie in [0, vocab_size)
     max_len: int,  # T <= max_len
 ) -> None:
-    """Check the classifier's input: an integer tensor (B, T) with 1 <= T <= max_len and ids in [0, vocab_size).
-    The value check (ids in range) runs in eager mode only (skipped under `torch.compile`: no host sync).
+    """Check the classifier's input: an int64 or int32 tensor (B, T) with 1 <= T <= max_len and ids in
+    [0, vocab_size). The value check (ids in range) runs in eager mode only: it is skipped under `torch.compile`,
+    `torch.export`, `torch.jit.trace` and `torch.func.vmap` (`can_check_values`: no host sync, no branch on data).
     Raises `TypeError` (dtype) or `ValueError` (shape, length, ids); the message starts with `input_ids`."""
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"input_ids must be an integer tensor (B, T), got {getattr(input_ids, 'dtype', type(input_ids))}")
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be an int64 or int32 tensor (B, T) of token ids, got {type(input_ids).__name__}")
+    if input_ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"input_ids must have dtype torch.int64 or torch.int32 (token ids), got {input_ids.dtype}: "
+                        "convert with input_ids.long()")
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids must have shape (B, T) with T >= 1, got {tuple(input_ids.shape)}")
     if input_ids.shape[1] > max_len:
         raise ValueError(f"input_ids has length {input_ids.shape[1]}, more than max_len={max_len}")
-    if torch.compiler.is_compiling():  # value checks (host syncs, graph breaks) in eager mode only
+    if not can_check_values(input_ids):  # value checks (host syncs, graph breaks) in eager mode only
         return
     if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= vocab_size):
         raise ValueError(f"input_ids (token ids) must lie in [0, {vocab_size}), "
                          f"got [{int(input_ids.min())}, {int(input_ids.max())}]")
+
+
+_TRAINING_KEYS = {"optimizer", "scheduler", "epoch", "fingerprint"}  # what hkt-train's per-epoch last.pt adds
+
+
+def _read_model_checkpoint(path, map_location="cpu") -> dict:
+    """The dict {"config", "state_dict"} in the file `path`, read with `weights_only=True`. Raises
+    `FileNotFoundError`, or `ValueError` naming `path` and what the file is instead (see `from_checkpoint`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: train with save_model=True (the cpu and paper presets do)")
+    with path.open("rb") as file:
+        head = file.read(64)
+    if not head:
+        raise ValueError(f"{path} is an empty file, not a model checkpoint (torch.save of a dict with 'config' and "
+                         "'state_dict'); it was probably cut off while written: save or copy it again")
+    if head.lstrip()[:1] in (b"{", b"[") or _is_text(head):
+        raise ValueError(f"{path} is a text file (JSON?), not a model checkpoint: a results record <run>.json "
+                         "names its model file in 'model_path'; pass that file")
+    if head[:2] != b"PK" and head[:1] != b"\x80":  # torch.save writes a zip archive (a pickle before torch 1.6)
+        raise ValueError(f"{path} is not a torch file (neither torch.save's zip archive nor a pickle): damaged, or "
+                         "another format; copy or save it again")
+    try:
+        blob = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:  # objects other than tensors and containers: refused, by design
+        raise ValueError(f"{path} holds Python objects that a weights-only load refuses: it is not a model checkpoint "
+                         "written by hkt_nb (a dict with 'config' and 'state_dict')") from None
+    except (RuntimeError, EOFError, OSError, KeyError, ValueError) as error:
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0]}" if str(error) else type(error).__name__
+        raise ValueError(f"{path} is damaged: a truncated or partly written torch file that cannot be read ({reason}); "
+                         "copy or save it again") from None
+    return _check_model_blob(blob, path)
+
+
+def _is_text(head: bytes) -> bool:
+    "Whether the first bytes of a file look like text (UTF-8 without NUL), unlike a torch file (zip or pickle)."
+    return head[:2] != b"PK" and head[:1] != b"\x80" and b"\x00" not in head
+
+
+def _check_model_blob(blob, path: Path) -> dict:
+    "`blob` if it is {'config', 'state_dict', ...}; else a `ValueError` saying what it is instead."
+    if isinstance(blob, dict) and {"config", "state_dict"} <= set(blob):
+        return blob
+    if isinstance(blob, dict) and _TRAINING_KEYS & set(blob):
+        run = path.parent.name if path.name == "last.pt" else "<run>"
+        raise ValueError(f"{path} is a training checkpoint (model, optimiser and scheduler state of an unfinished "
+                         f"run), not a saved model: resume it with hkt-train (the same command; it resumes by "
+                         f"default), or load its best model from results/checkpoints/{run}.pt "
+                         f"(HKTClassifier.from_checkpoint) or results/pretrained/{run}/ (HKTClassifier.from_pretrained)")
+    if isinstance(blob, dict) and blob and all(isinstance(v, torch.Tensor) for v in blob.values()):
+        raise ValueError(f"{path} is a bare state_dict (weights without a config): build the model from its config "
+                         "first, model = HKTClassifier(ClassifierConfig(...)), then model.load_state_dict(torch.load(path))")
+    what = f"a dict with keys {sorted(map(str, blob))[:8]}" if isinstance(blob, dict) else f"a {type(blob).__name__}"
+    raise ValueError(f"{path} holds {what}, not a model checkpoint (a dict with 'config' and 'state_dict')")
 
 # %% ../nbs/03_model.ipynb #a7776434
 FLAT_HKT_FIELDS = ("n_levels", "stride", "kernel_size", "conv_kernel_size")  # the pre-registry flat config's

@@ -244,8 +244,10 @@ def test_bad_inputs_raise_clear_errors(cls):
                        (x.double(), TypeError), (x.numpy(), TypeError)]:
         with pytest.raises(error, match="^x"):
             layer(bad)
-    for bad, error in [(torch.zeros(2, 10), TypeError), (torch.zeros(2, 9, dtype=torch.bool), ValueError),
-                       (torch.tensor([[True] + [False] * 9] * 2), ValueError)]:  # the last: not right padding
+    bad_masks = [(torch.zeros(2, 10), TypeError), (torch.zeros(2, 9, dtype=torch.bool), ValueError)]
+    if cls is HierarchicalAttention:  # not right padding: HKT's coarse levels need it, standard attention does not
+        bad_masks.append((torch.tensor([[True] + [False] * 9] * 2), ValueError))
+    for bad, error in bad_masks:
         with pytest.raises(error, match="^key_padding_mask"):
             layer(x, bad)
     with pytest.raises(ValueError, match="^impl"):
@@ -258,7 +260,7 @@ def test_levels_are_what_the_projections_read(causal, padded_batch, randomise):
     x, kpm = padded_batch()
     tokens, masks = layer.levels(x, kpm)
     pyramid_levels, pyramid_masks = layer.pyramid(x, kpm)
-    assert tokens[0] is x and [t.shape[1] for t in tokens] == [13, 7, 4]
+    assert torch.equal(tokens[0], x) and [t.shape[1] for t in tokens] == [13, 7, 4]  # finite x: as given
     for level in (1, 2):
         assert torch.equal(tokens[level], pyramid_levels[level]) and torch.equal(masks[level], pyramid_masks[level])
     qs, _ = layer.level_queries_keys(x, kpm)
@@ -284,3 +286,56 @@ def test_upsample_index_is_the_block_map_of_eq2(causal):
 def test_attention_layers_compile_in_one_graph(layer, masked, graph_breaks):
     mask = torch.arange(12)[None] >= torch.tensor([[12], [9]])
     assert graph_breaks(layer, torch.randn(2, 12, 16), mask if masked else None) == (0, [])
+
+
+def test_many_levels_for_a_short_sequence_are_cheap_and_exact(randomise):
+    "T = 8 at L = 20 (issue 20): the forms agree, and the levels are the ceil(T / 2^l) tokens, no more."
+    layer = randomise(HierarchicalAttention(8, 2, n_levels=20)).double()
+    x = torch.randn(2, 8, 8, dtype=f64)
+    kpm = torch.arange(8)[None] >= torch.tensor([[8], [5]])
+    tokens, _ = layer.levels(x, kpm)
+    assert [t.shape[1] for t in tokens] == [8, 4, 2] + [1] * 17
+    torch.testing.assert_close(layer(x, kpm), layer(x, kpm, impl="explicit"), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_mha_accepts_left_padding_and_holes(causal, randomise):
+    "Standard attention has no blocks: any key_padding_mask, equal to torch's MHA on every query with a real key."
+    torch_mha = randomise(nn.MultiheadAttention(16, 4, batch_first=True).double())
+    ours = MultiHeadAttention(16, 4, causal=causal).double()
+    with torch.no_grad():
+        ours.qkv_proj.weight.copy_(torch_mha.in_proj_weight)
+        ours.qkv_proj.bias.copy_(torch_mha.in_proj_bias)
+        ours.out_proj.load_state_dict(torch_mha.out_proj.state_dict())
+    x = torch.randn(3, 9, 16, dtype=f64)
+    kpm = torch.zeros(3, 9, dtype=torch.bool)
+    kpm[0, :3] = True  # left padding
+    kpm[1, [2, 5, 6]] = True  # holes
+    kpm[2, ::2] = True  # every other position
+    causal_mask = torch.ones(9, 9, dtype=torch.bool).triu(1) if causal else None
+    ref, _ = torch_mha(x, x, x, key_padding_mask=kpm, attn_mask=causal_mask, need_weights=False)
+    has_key = ~kpm.cummin(-1).values if causal else torch.ones(3, 9, dtype=torch.bool)  # a real key up to t
+    for impl in ("fused", "explicit"):
+        out = ours(x, kpm, impl=impl)
+        assert out.isfinite().all()  # a causal query before every real key: its row is lifted, finite
+        torch.testing.assert_close(out[has_key], ref[has_key], rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="right padding.*contiguous blocks"):  # HKT keeps its rule
+        HierarchicalAttention(16, 4).double()(x, kpm)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("cls", [HierarchicalAttention, MultiHeadAttention])
+def test_nan_and_inf_in_padded_positions_do_not_reach_real_tokens(cls, causal, randomise):
+    layer = randomise(cls(16, 4, causal=causal)).double()
+    x = torch.randn(2, 11, 16, dtype=f64)
+    kpm = torch.arange(11)[None] >= torch.tensor([[11], [6]])
+    clean = x.masked_fill(kpm[..., None], 0.0)
+    dirty = clean.clone()
+    dirty[1, 6:8], dirty[1, 8:] = float("nan"), float("inf")
+    dirty[1, 9, :3] = -float("inf")
+    for impl in ("fused", "explicit"):
+        out = layer(dirty, kpm, impl=impl)
+        assert out.isfinite().all()
+        torch.testing.assert_close(out, layer(clean, kpm, impl=impl), rtol=0, atol=0)
+        if cls is HierarchicalAttention:
+            assert all(s.isfinite().all() for s in layer.scores(dirty, kpm).levels)

@@ -86,3 +86,55 @@ def test_functions_reject_bad_arguments(call, name):
 def test_downsample_needs_a_multiple_of_the_stride():
     with pytest.raises(ValueError, match="^x"):
         CausalDownsample(8, 2)(torch.randn(1, 5, 8))
+
+
+def pyramid_padded_to_s_power(pyr: Pyramid, x, key_padding_mask=None):
+    "The rule before issue 20 (a copy): pad the input once to a multiple of s^(L-1), then trim every level."
+    import torch.nn.functional as F
+    B, T, _ = x.shape
+    lengths = level_lengths(T, pyr.n_levels, pyr.stride)
+    T_pad = lengths[-1] * pyr.stride ** (pyr.n_levels - 1)
+    pad = torch.zeros(B, T, dtype=torch.bool) if key_padding_mask is None else key_padding_mask
+    pad = F.pad(pad, (0, T_pad - T), value=True)
+    h = F.pad(x, (0, 0, 0, T_pad - T)).masked_fill(pad[..., None], 0.0)
+    levels, masks = [h[:, :T]], [pad[:, :T]]
+    for l, down in enumerate(pyr.down, start=1):
+        h, pad = down(h), coarsen_padding_mask(pad, pyr.stride)
+        h = h.masked_fill(pad[..., None], 0.0)
+        levels.append(h[:, : lengths[l]])
+        masks.append(pad[:, : lengths[l]])
+    return levels, masks
+
+
+@pytest.mark.parametrize("n_levels,stride,kernel_size", [(3, 2, None), (4, 2, 3), (3, 3, 5), (6, 2, None), (2, 4, 4)])
+@pytest.mark.parametrize("T", [1, 7, 13, 32])
+def test_per_level_padding_gives_the_levels_of_the_old_rule(n_levels, stride, kernel_size, T):
+    "Padding each level to a multiple of s gives the levels of padding the input to s^(L-1) (to float rounding)."
+    pyr = Pyramid(8, n_levels, stride, kernel_size).double()
+    x = torch.randn(3, T, 8, dtype=torch.float64)
+    for mask in (None, torch.arange(T)[None] >= torch.tensor([[T], [max(T - 4, 1)], [1]])):
+        (new, new_masks), (old, old_masks) = pyr(x, mask), pyramid_padded_to_s_power(pyr, x, mask)
+        assert [t.shape[1] for t in new] == level_lengths(T, n_levels, stride)
+        for a, b in zip(new, old):  # the same sums; a shorter tensor may change the BLAS blocking, hence 1e-12
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+        assert all(torch.equal(a, b) for a, b in zip(new_masks, old_masks))
+
+
+def step_input_lengths(pyr: Pyramid, T: int) -> list[int]:
+    "The length of the tensor each downsampling step reads, for one input of length T."
+    seen = []
+    hooks = [down.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[1])) for down in pyr.down]
+    levels, _ = pyr(torch.randn(1, T, 4))
+    for hook in hooks:
+        hook.remove()
+    return seen, [t.shape[1] for t in levels]
+
+
+@pytest.mark.parametrize("T,n_levels", [(8, 20), (64, 16), (3, 40)])
+def test_many_levels_cost_order_T_per_level(T, n_levels):
+    "Each step reads at most s ceil(T_l / s) <= T_l + s - 1 positions (the old rule padded T = 8, L = 20 to 524,288)."
+    pyr = Pyramid(4, n_levels, 2)
+    reads, lengths = step_input_lengths(pyr, T)
+    assert lengths == level_lengths(T, n_levels, 2)
+    assert reads == [2 * -(-t // 2) for t in lengths[:-1]]
+    assert max(reads) <= T + 1 and sum(reads) <= 2 * T + 2 * n_levels

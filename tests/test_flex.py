@@ -58,3 +58,16 @@ def test_flex_is_reached_by_name_and_imported_on_first_use():
 def test_unknown_impl_names_flex():
     with pytest.raises(ValueError, match="^impl.*flex"):
         HierarchicalAttention(16, 2)(torch.randn(1, 8, 16), impl="sdpa")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flex_nan_in_padding_does_not_reach_real_tokens(causal):
+    layer = HierarchicalAttention(16, 2, n_levels=3, causal=causal).eval()
+    x = torch.randn(2, 13, 16)
+    mask = torch.arange(13)[None] >= torch.tensor([[13], [7]])
+    dirty = x.clone()
+    dirty[1, 7:10], dirty[1, 10:] = float("nan"), float("inf")
+    with torch.no_grad():
+        got, want = layer(dirty, mask, impl="flex"), layer(x.masked_fill(mask[..., None], 0.0), mask, impl="flex")
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got[~mask], want[~mask], rtol=0, atol=0)

@@ -205,3 +205,99 @@ def test_no_string_comparison_against_a_variant_name_outside_the_registry(repo_r
              for path in sorted((repo_root / "hkt_nb").rglob("*.py"))
              for number, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
     assert found == []
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.float32, torch.bool])
+def test_ids_of_another_dtype_are_refused_naming_the_accepted_ones(dtype):
+    model = HKTClassifier(ClassifierConfig(vocab_size=7, n_classes=2, max_len=8, d_model=8, n_heads=2, n_layers=1))
+    with pytest.raises(TypeError, match=r"^input_ids must have dtype torch.int64 or torch.int32 .*got torch\." + str(dtype)[6:]):
+        model(torch.zeros(2, 5, dtype=dtype))
+    assert model(torch.zeros(2, 5, dtype=torch.int32)).shape == (2, 2)  # int32 is accepted
+
+
+@pytest.mark.parametrize("attention", ["hkt", "mha"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fully_padded_row_gives_the_head_bias_and_leaves_the_others_alone(attention, causal):
+    "The documented fallback: a fully padded sequence pools to zeros, so its logits are the head's bias; finite."
+    cfg = ClassifierConfig(vocab_size=7, n_classes=3, max_len=16, d_model=8, n_heads=2, n_layers=2, causal=causal,
+                           attention=attention)
+    model = HKTClassifier(cfg).double().eval()
+    ids = torch.randint(0, 7, (3, 11))
+    mask = torch.arange(11)[None] >= torch.tensor([[11], [0], [4]])  # row 1: nothing real
+    for impl in ("fused", "explicit"):
+        logits = model(ids, mask, impl=impl)
+        assert logits.isfinite().all()
+        torch.testing.assert_close(logits[1], model.head.bias, rtol=0, atol=0)
+        torch.testing.assert_close(logits[[0, 2]], model(ids[[0, 2]], mask[[0, 2]], impl=impl), rtol=0, atol=1e-12)
+
+
+def test_masked_mean_never_reads_padding():
+    x = torch.tensor([[[1.0], [3.0], [float("nan")]]])
+    assert masked_mean(x, torch.tensor([[False, False, True]])).item() == 2.0
+
+
+@pytest.fixture
+def saved_model(tmp_path):
+    model = HKTClassifier(ClassifierConfig(vocab_size=7, n_classes=2, max_len=16, d_model=8, n_heads=2, n_layers=1))
+    path = tmp_path / "good.pt"
+    torch.save({"config": model.cfg.to_dict(), "state_dict": model.state_dict()}, path)
+    return model, path
+
+
+def write_bad_file(kind, model, path, folder):
+    "A file of `kind` in `folder` that is not a model checkpoint; returns its path."
+    target = folder / f"{kind}.pt"
+    if kind == "truncated":
+        data = path.read_bytes()
+        target.write_bytes(data[: len(data) // 2])
+    elif kind == "json":
+        target.write_text(json.dumps({"task": "listops", "accuracy": 0.3}))
+    elif kind == "text":
+        target.write_text("not a checkpoint\n")
+    elif kind == "empty":
+        target.write_bytes(b"")
+    elif kind == "binary":
+        target.write_bytes(bytes(range(256)))
+    elif kind == "training":
+        target = folder / "listops-hkt-cpu-s0" / "last.pt"
+        target.parent.mkdir()
+        torch.save({"fingerprint": {"task": "listops"}, "epoch": 2, "model": model.state_dict(), "optimizer": {},
+                    "scheduler": {}, "history": []}, target)
+    elif kind == "state_dict":
+        torch.save(model.state_dict(), target)
+    elif kind == "unknown_field":
+        torch.save({"config": {**model.cfg.to_dict(), "n_experts": 4}, "state_dict": model.state_dict()}, target)
+    elif kind == "wrong_weights":
+        state = {k: v for k, v in model.state_dict().items() if not k.startswith("head")}
+        torch.save({"config": model.cfg.to_dict(), "state_dict": state}, target)
+    elif kind == "list":
+        torch.save([1, 2, 3], target)
+    return target
+
+
+BAD_CHECKPOINTS = [
+    ("truncated", "damaged: a truncated or partly written torch file"),
+    ("json", "a text file \\(JSON\\?\\), not a model checkpoint.*model_path"),
+    ("text", "a text file"),
+    ("empty", "an empty file, not a model checkpoint"),
+    ("binary", "not a torch file"),
+    ("training", "a training checkpoint.*resume it with hkt-train.*results/checkpoints/listops-hkt-cpu-s0.pt"
+                 ".*results/pretrained/listops-hkt-cpu-s0/"),
+    ("state_dict", "a bare state_dict.*build the model from its config first"),
+    ("unknown_field", "config does not fit this version's ClassifierConfig.*n_experts"),
+    ("wrong_weights", "state_dict does not fit the model.*head"),
+    ("list", "holds a list, not a model checkpoint"),
+]
+
+
+@pytest.mark.parametrize("kind,message", BAD_CHECKPOINTS, ids=[k for k, _ in BAD_CHECKPOINTS])
+def test_from_checkpoint_names_a_bad_file_and_says_what_it_is(kind, message, saved_model, tmp_path):
+    model, good = saved_model
+    bad = write_bad_file(kind, model, good, tmp_path)
+    with pytest.raises(ValueError, match=f"(?s)^{re.escape(str(bad))}:? .*{message}") as info:
+        HKTClassifier.from_checkpoint(bad)
+    assert "weights_only=False" not in str(info.value)
+    error = info.value  # no chained torch traceback (which would advise weights_only=False)
+    assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)
+    loaded = HKTClassifier.from_checkpoint(str(good))  # the good file beside it still loads (a str path too)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())

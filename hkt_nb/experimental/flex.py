@@ -49,7 +49,9 @@ def attend_flex(layer, x, key_padding_mask, v):
     """`HierarchicalAttention`'s attention output (B, H, T, d) for x (B, T, D), key_padding_mask (B, T) or None and
     values v (B, H, T, d): the fine level through FlexAttention, each coarse level added at its own resolution by
     `coarse_score_mod` (Eqs. 1-4). Raises `ValueError` in training with attention dropout, `RuntimeError` without
-    FlexAttention; on a CPU, FlexAttention itself refuses a graph that needs gradients."""
+    FlexAttention; on a CPU, FlexAttention itself refuses a graph that needs gradients (`NotImplementedError`): run it
+    under `torch.no_grad()` there. NaN / inf at padded positions never reach it (`HierarchicalAttention.forward`
+    zeroes them first)."""
     if layer.training and layer.dropout > 0:
         raise ValueError("impl='flex' has no attention dropout: train with impl='fused' or set dropout=0")
     flex = flex_attention_for(x.device)
