@@ -96,11 +96,10 @@ def hkt_flops(
     D, H, L, s = d_model, n_heads, n_levels, stride
     d, k = D // H, (stride if kernel_size is None else kernel_size)
     lengths = level_lengths(T, L, s)
-    padded = [lengths[-1] * s ** (L - 1 - l) for l in range(L)]  # Pyramid pads to a multiple of s^(L-1)
     out = {"qk_projections": sum(2 * 2 * B * n * D * D for n in lengths),
            "value_projection": 2 * B * T * D * D,
            "out_projection": 2 * B * T * D * D,
-           "pyramid": sum(2 * B * D * k * n + 2 * B * n * D * D for n in padded[1:]),
+           "pyramid": sum(2 * B * D * k * n + 2 * B * n * D * D for n in lengths[1:]),  # T_l outputs per level
            "value_conv": 2 * B * D * conv_kernel_size * T}
     if impl == "explicit":
         out["scores"] = B * H * score_flops(T, d, L, s)
@@ -142,8 +141,7 @@ def flop_counter_excess(B: int, T: int, d_model: int, n_levels: int = 3, stride:
     (the pyramid's and the hybrid head's). Zero for a forward pass alone."""
     f = hkt_flops(B, T, d_model, 1, n_levels, stride, kernel_size, conv_kernel_size)
     depthwise_fwd = f["value_conv"] + sum(2 * B * d_model * (stride if kernel_size is None else kernel_size) * n
-                                          for n in [level_lengths(T, n_levels, stride)[-1] * stride ** (n_levels - 1 - l)
-                                                    for l in range(1, n_levels)])
+                                          for n in level_lengths(T, n_levels, stride)[1:])
     return (d_model - 1) * depthwise_fwd
 
 # %% ../nbs/10_cost.ipynb #938ef7ea
