@@ -394,8 +394,8 @@ def from_mha(cls,
              kernel_size: int | None = None,  # downsampling kernel k >= s
              conv_kernel_size: int = 3,  # width of the hybrid head's convolution
              **unsupported) -> HierarchicalAttention:
-    """An HKT layer whose output equals `mha`'s to float rounding, with a non-zero gradient on every parameter
-    outside the pyramid (Prop. 3.4; chapter *Hierarchical attention*). Dropout, bias, dtype, device and mode
+    """An HKT layer whose output equals `mha`'s to float rounding, with a non-zero gradient entry in every
+    parameter tensor outside the pyramid at the first step (Prop. 3.4; chapter *Hierarchical attention*). Dropout, bias, dtype, device and mode
     (train / eval) are those of `mha`.
 
     Raises `TypeError` (not an `nn.MultiheadAttention`; `dropout`, `bias` or an unknown keyword passed) or
