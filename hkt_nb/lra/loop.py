@@ -37,18 +37,20 @@ def train(
 ) -> dict:  # the results record, also written to `<results_dir>/<name>.json` by rank 0 (`run_identity`)
     "Train one run, step by step (chapter 5); launch under `torchrun` for several processes."
     spec_values, option_values = split_keywords(keywords)
-    run = build_run(RunSpec(task, model, preset, seed, **spec_values), replace(options or RunOptions(), **option_values))
-    checkpoints.restore(run)
-    records.announce(run)
-    for epoch in range(run.start_epoch, run.train_config.epochs):
-        if run.options.stop_after is not None and epoch >= run.options.stop_after:
-            break
-        epoch_result = train_one_epoch(run, epoch)
-        if run.budget_stop is not None:  # a partial epoch: neither validated nor checkpointed
-            break
-        validate(run, epoch, *epoch_result)
-        checkpoints.save_checkpoint(run, epoch)
-    return finish(run)
+    spec, options = RunSpec(task, model, preset, seed, **spec_values), replace(options or RunOptions(), **option_values)
+    with checkpoints.lock_run(spec, options):  # one live run per name (RunLockedError otherwise)
+        run = build_run(spec, options)
+        checkpoints.restore(run)
+        records.announce(run)
+        for epoch in range(run.start_epoch, run.train_config.epochs):
+            if run.options.stop_after is not None and epoch >= run.options.stop_after:
+                break
+            epoch_result = train_one_epoch(run, epoch)
+            if run.budget_stop is not None:  # a partial epoch: neither validated nor checkpointed
+                break
+            validate(run, epoch, *epoch_result)
+            checkpoints.save_checkpoint(run, epoch)
+        return finish(run)
 
 # %% ../../nbs/05a_loop.ipynb #4f8bf0c0
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -111,6 +113,7 @@ class Run:
     start_epoch: int = 0
     train_time: float = 0.0
     n_seen: int = 0
+    resumed_examples: int = 0  # n_seen when this call began (restored from a checkpoint, else 0)
     budget_stop: dict | None = None  # where the time budget stopped the run (see `train_one_epoch`)
     overrides: dict = field(default_factory=dict)  # what differs from the preset (`preset_differences`; {}: none)
 
