@@ -120,9 +120,10 @@ def _try_lock(file) -> bool:
 @contextlib.contextmanager
 def run_lock(path: Path, name: str):
     """Hold the exclusive lock file `path` of run `name` while the block runs (see above); the file holds this
-    process's id and is removed on exit (with its folder, when that is left empty). Raises RunLockedError naming the lock file and the owner's process id
+    process's id and is removed on exit (and so is its folder, if this call created it and it is left empty). Raises RunLockedError naming the lock file and the owner's process id
     when another live process holds it. A lock file left by a dead process is taken over."""
     path = Path(path)
+    created = not path.parent.is_dir()  # a folder made for the lock is removed with it
     while True:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -153,8 +154,9 @@ def run_lock(path: Path, name: str):
         if fcntl is None:
             with contextlib.suppress(OSError):
                 path.unlink()
-        with contextlib.suppress(OSError):  # the folder too, when the lock was all it held
-            path.parent.rmdir()
+        if created:
+            with contextlib.suppress(OSError):  # rmdir: only when the lock was all it held
+                path.parent.rmdir()
 
 
 # %% ../../nbs/05d_checkpoints.ipynb #f1c2e9f6
