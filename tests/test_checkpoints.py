@@ -68,6 +68,20 @@ def test_unwritable_folder_fails_before_training(tmp_path, option):
     assert not (tmp_path / "r").exists() or not list((tmp_path / "r").iterdir())
 
 
+def test_a_checkpoint_of_another_results_version_is_not_continued(tmp_path):
+    "A checkpoint written before results version 2 (its best model chosen by accuracy) is refused, saying so."
+    kw = dict(results_dir=tmp_path / "r", checkpoint_dir=tmp_path / "c", **QUIET,
+              train_overrides={"n_train": 32, "n_val": 16, "n_test": 16})
+    train("synthetic", stop_after=1, **kw)
+    checkpoint = torch.load(tmp_path / "c" / "last.pt", weights_only=True)
+    del checkpoint["fingerprint"]["results_version"]  # as version 1 wrote it
+    checkpoint["best"].pop("val_loss")
+    torch.save(checkpoint, tmp_path / "c" / "last.pt")
+    with pytest.raises(ValueError, match="results version 1 .*--no-resume"):
+        train("synthetic", **kw)
+    assert train("synthetic", resume=False, **kw)["complete"]
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
 def test_damaged_checkpoint_names_the_file_and_the_way_out(tmp_path, damage):
     kw = dict(results_dir=tmp_path / "r", checkpoint_dir=tmp_path / "c", **QUIET,

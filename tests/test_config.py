@@ -15,7 +15,9 @@ from hkt_nb.lra.benchmarks import synthetic_benchmark
 from hkt_nb.lra.config import (
     ARMS,
     PRESETS,
+    CONFORMING_RESULTS_VERSIONS,
     RESULTS_VERSION,
+    RESULTS_VERSIONS,
     TASKS,
     Arm,
     Preset,
@@ -128,8 +130,17 @@ COMMITTED = [p for p in sorted((REPO / "results").glob("*.json")) if '"preset"' 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.stem)
 def test_every_committed_record_conforms_to_its_preset(path):
     record = json.loads(path.read_text())
-    assert record.get("results_version", 1) == RESULTS_VERSION
+    assert record.get("results_version", 1) in CONFORMING_RESULTS_VERSIONS
     assert conforms_to_preset(record, record["preset"]), path.name
+
+
+def test_results_versions_say_what_changed_and_which_still_conform(committed_record):
+    "Version 2 changed the tested checkpoint, not the training: a version-1 record still conforms, a later one not."
+    assert RESULTS_VERSION == max(RESULTS_VERSIONS) == 2 and set(CONFORMING_RESULTS_VERSIONS) <= set(RESULTS_VERSIONS)
+    for version, conforms in ((1, True), (2, True), (3, False)):
+        assert conforms_to_preset({**committed_record, "results_version": version}, "cpu") is conforms, version
+    unversioned = {k: v for k, v in committed_record.items() if k != "results_version"}  # absent = version 1
+    assert conforms_to_preset(unversioned, "cpu")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ..model import ClassifierConfig
 from .benchmarks import absolute_path
-from .config import EXECUTION_ONLY_FIELDS, run_identity
+from .config import EXECUTION_ONLY_FIELDS, RESULTS_VERSION, RESULTS_VERSIONS, run_identity
 
 # %% auto #0
 __all__ = ['seed_everything', 'rng_state', 'set_rng_state', 'atomic_write', 'atomic_save', 'writable_folder', 'RunLockedError',
@@ -172,9 +172,11 @@ def lock_run(spec, options):
 
 # %% ../../nbs/05d_checkpoints.ipynb #1fe91a76
 def fingerprint(run) -> dict:
-    "What a checkpoint must match to be resumed: the run's identity, configurations and split sizes (as JSON)."
+    """What a checkpoint must match to be resumed: the run's identity, `RESULTS_VERSION` (a checkpoint of another
+    version selected its best model otherwise), configurations and split sizes (as JSON)."""
     spec = run.spec
     identity = {"task": spec.task, "model": spec.model, "preset": spec.preset.name, "seed": spec.seed,
+                "results_version": RESULTS_VERSION,
                 "world_size": run.world, "model_config": run.model_config.to_dict(),
                 "train_config": asdict(run.train_config), "n": {s: len(d) for s, d in run.splits.items()}}
     return json.loads(json.dumps(identity))  # tuples -> lists, as they come back from disk
@@ -200,7 +202,8 @@ def _comparable(identity: dict) -> dict:
     resume), its model configuration read through `ClassifierConfig.from_dict` (a checkpoint of the flat form resumes)."""
     train_config = {k: v for k, v in identity.get("train_config", {}).items() if k not in EXECUTION_ONLY_FIELDS}
     model_config = json.loads(json.dumps(ClassifierConfig.from_dict(identity["model_config"]).to_dict()))
-    return {**identity, "train_config": train_config, "model_config": model_config}
+    return {**identity, "train_config": train_config, "model_config": model_config,
+            "results_version": identity.get("results_version", 1)}
 
 
 def _read_checkpoint(path: Path, device) -> dict:
@@ -221,6 +224,11 @@ def restore(run) -> None:
         return
     checkpoint = _read_checkpoint(path, run.device)
     expected, stored = _comparable(fingerprint(run)), _comparable(checkpoint["fingerprint"])
+    if stored["results_version"] != expected["results_version"]:
+        raise ValueError(f"checkpoint {path} was written under results version {stored['results_version']} (this "
+                         f"library: {expected['results_version']}: {RESULTS_VERSIONS[expected['results_version']]}); "
+                         "it cannot be continued: start afresh with resume=False (hkt-train --no-resume), or give "
+                         "this run another checkpoint folder (--checkpoint-dir) to keep it")
     if stored != expected:
         differ = sorted(k for k in expected if stored.get(k) != expected[k])
         raise ValueError(f"checkpoint {path} belongs to a different configuration (differs in {differ}): another "

@@ -92,12 +92,17 @@ def hkt_internals(model) -> dict:
     return {name: [layer[name].float().cpu().tolist() for layer in per_layer] for name in per_layer[0]}
 
 
-def final_results(run, test: dict) -> dict:
-    "The record's test part: `test` (from `evaluate` of the best model), majority baseline, times, hardware, versions."
+def final_results(run, test: dict, final: dict | None = None) -> dict:
+    """The record's test part: `test` (`evaluate` of the tested model, the best by validation loss: `selection`,
+    `best_epoch`, `best_val_loss`, `best_val_acc`), `final` (`evaluate` of the model after the last epoch, when given:
+    `final_epoch`, `final_test_acc`, `final_test_loss`), the majority baseline, times, hardware, versions."""
     labels_train = np.bincount(run.splits["train"]["label"], minlength=run.n_classes)
     labels_test = np.bincount(run.splits["test"]["label"], minlength=run.n_classes)
-    return {"best_epoch": run.best["epoch"], "best_val_acc": run.best["val_acc"], "test_acc": test["acc"],
-            "test_loss": test["loss"], "n_test_evaluated": test["n"],
+    scored_final = {} if final is None else {"final_epoch": len(run.history), "final_test_acc": final["acc"],
+                                             "final_test_loss": final["loss"]}
+    return {"selection": "val_loss", "best_epoch": run.best["epoch"], "best_val_loss": run.best["val_loss"],
+            "best_val_acc": run.best["val_acc"], "test_acc": test["acc"], "test_loss": test["loss"],
+            "n_test_evaluated": test["n"], **scored_final,
             "majority_test_acc": float(labels_test[labels_train.argmax()] / labels_test.sum()),
             "train_time_s": run.train_time, "wall_time_s": time.time() - run.started,
             "train_examples_per_s": run.n_seen / run.train_time,
