@@ -103,6 +103,12 @@ def copy_finished_runs(source_dir,  # a training folder's results/ (records, pre
     are skipped: the book's `results/` holds preset runs only, and so are unreadable records (with the warning of
     `load_runs`). Returns the names of the runs whose record changed. Raises FileNotFoundError when `source_dir` is
     not a folder."""
+    from hkt_nb.lra.checkpoints import atomic_write  # each file replaced atomically: a reader never sees half of one
+
+    def copy(source: Path, dest: Path) -> None:
+        with source.open("rb") as data:
+            atomic_write(dest, lambda file: shutil.copyfileobj(data, file))
+
     source_dir, dest_dir, copied = Path(source_dir), Path(dest_dir), []
     for name, record in load_runs(source_dir).items():
         if record.get("variant"):
@@ -110,11 +116,10 @@ def copy_finished_runs(source_dir,  # a training folder's results/ (records, pre
         for key in ("predictions_path", "model_path"):
             relative = record.get(key)
             if relative and (source_dir / relative).exists():
-                (dest_dir / relative).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source_dir / relative, dest_dir / relative)
+                copy(source_dir / relative, dest_dir / relative)
         source, dest = source_dir / f"{name}.json", dest_dir / f"{name}.json"
         if not dest.exists() or dest.read_bytes() != source.read_bytes():
-            shutil.copyfile(source, dest)
+            copy(source, dest)
             copied.append(name)
     return copied
 
