@@ -192,3 +192,13 @@ def test_a_variant_parameter_override_keeps_the_name_it_had_before_the_registry(
     name, differences = run_identity(RunSpec("listops", "hkt", "cpu", 0, model_overrides={"n_levels": 2}))
     assert differences == {"model": {"n_levels": 2}}
     assert name == run_name("listops", "hkt", "cpu", 0, run_variant({"model": {"n_levels": 2}}))
+
+
+@pytest.mark.parametrize("field, value", [("time_budget_s", -5), ("time_budget_s", float("nan")),
+                                          ("time_budget_s", float("inf")), ("time_budget_s", "90"), ("stop_after", -1)])
+def test_run_options_refuse_a_budget_that_is_no_budget(field, value):
+    "Issue 20: a negative, NaN or infinite time budget trained nothing, or meant 'no budget'; now refused by name."
+    from hkt_nb.lra.config import RunOptions
+    with pytest.raises((TypeError, ValueError), match=field):
+        RunOptions(**{field: value})
+    assert RunOptions(time_budget_s=0.0).time_budget_s == 0.0 and RunOptions(stop_after=0).stop_after == 0

@@ -120,8 +120,9 @@ def _try_lock(file) -> bool:
 @contextlib.contextmanager
 def run_lock(path: Path, name: str):
     """Hold the exclusive lock file `path` of run `name` while the block runs (see above); the file holds this
-    process's id and is removed on exit (and so is its folder, if this call created it and it is left empty). Raises RunLockedError naming the lock file and the owner's process id
-    when another live process holds it. A lock file left by a dead process is taken over."""
+    process's id and is removed on exit (and so is its folder, if this call created it and it is left empty).
+    Raises RunLockedError naming the lock file and the owner's process id when another live process holds it; a
+    lock file left by a dead process is taken over. (The Windows branch, `msvcrt`, is not exercised by the tests.)"""
     path = Path(path)
     created = not path.parent.is_dir()  # a folder made for the lock is removed with it
     while True:
@@ -163,7 +164,8 @@ def run_lock(path: Path, name: str):
 def lock_run(spec, options):
     """The lock of the run `spec` (a `RunSpec`) writes under `options.results_dir`: `run_lock` on
     `<results_dir>/checkpoints/<run>.lock` on rank 0 (`$RANK`, as torchrun sets it), nothing on the other ranks.
-    Raises ValueError when the results folder cannot be written."""
+    Raises ValueError when the results folder cannot be written, and (on entering) RunLockedError when another live
+    process trains the same run into the same folder."""
     if int(os.environ.get("RANK", "0")) != 0:
         return contextlib.nullcontext()
     name, _ = run_identity(spec.resolved())

@@ -324,6 +324,10 @@ class RunOptions:
     stop_after: int | None = None  # end this call after that many epochs in total (rerun to resume)
     time_budget_s: float | None = None  # stop cleanly between two steps after this many seconds of this call
 
+    def __post_init__(self):  # TypeError / ValueError naming the field (hkt_nb._checks); 0 s: stop before any step
+        check_int("stop_after", self.stop_after, 0, allow_none=True)
+        check_float("time_budget_s", self.time_budget_s, 0, allow_none=True)
+
 # %% ../../nbs/05_train.ipynb #fdc8aab3
 @dataclass(frozen=True)
 class RunSpec:

@@ -132,7 +132,7 @@ def write_outputs(run, results: dict, predictions: np.ndarray) -> None:
                      np.asarray(run.splits["test"]["label"]))
     results["predictions_path"] = str(Path("predictions") / f"{run.name}.npz")
     atomic_save(results, run.results_dir / f"{run.name}.json")
-    for path in (run.checkpoint_path, run.checkpoint_path.with_name("last.pt.tmp")):  # .tmp: left by versions < 0.2
+    for path in (run.checkpoint_path, run.checkpoint_path.with_name("last.pt.tmp")):  # .tmp: the fixed temporary name of earlier versions
         path.unlink(missing_ok=True)
     folder = run.checkpoint_path.parent
     if folder.exists() and not any(folder.iterdir()):
