@@ -178,3 +178,27 @@ def test_truncation_is_counted_by_the_pipeline():
     images = np.arange(2 * 6).reshape(2, 6)
     cut = D._tokenise_batch({}, lambda b: {"input_ids": images, "label": [0, 1]}, 4, {})
     assert cut["input_ids"].dtype == np.uint16 and cut["input_ids"].shape == (2, 4) and cut["cut"] == [True, True]
+
+
+def test_parquet_damaged_in_the_middle_names_the_file_and_the_readers_error(tmp_path):
+    """Issue 20, item 6: a parquet whose footer is intact but whose data pages are damaged passes the layout check;
+    the error names that file and pyarrow's own error, not the layout advice (which would not apply)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    folder = tmp_path / "imdb" / "plain_text"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    texts = ["".join(rng.choice(list("abcdefgh "), 200)) for _ in range(2000)]
+    for split in ("train", "test"):
+        pq.write_table(pa.table({"text": texts, "label": [i % 2 for i in range(2000)]}),
+                       folder / f"{split}-00000-of-00001.parquet", row_group_size=200, compression="zstd")
+    damaged = folder / "train-00000-of-00001.parquet"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 3: len(data) // 2] = b"\xff" * (len(data) // 2 - len(data) // 3)
+    damaged.write_bytes(bytes(data))
+    assert pq.read_metadata(damaged).num_rows == 2000  # the footer still reads: only the pages are damaged
+    with pytest.raises(ValueError) as error:
+        D.load_raw("imdb", tmp_path, cache=tmp_path / "cache")
+    message = str(error.value)
+    assert str(damaged) in message and "ZSTD" in message and "corrupt" in message
+    assert "expected the Hugging Face parquet layout" not in message

@@ -15,7 +15,9 @@ from hkt_nb.lra.benchmarks import synthetic_benchmark
 from hkt_nb.lra.config import (
     ARMS,
     PRESETS,
+    CONFORMING_RESULTS_VERSIONS,
     RESULTS_VERSION,
+    RESULTS_VERSIONS,
     TASKS,
     Arm,
     Preset,
@@ -128,8 +130,17 @@ COMMITTED = [p for p in sorted((REPO / "results").glob("*.json")) if '"preset"' 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.stem)
 def test_every_committed_record_conforms_to_its_preset(path):
     record = json.loads(path.read_text())
-    assert record.get("results_version", 1) == RESULTS_VERSION
+    assert record.get("results_version", 1) in CONFORMING_RESULTS_VERSIONS
     assert conforms_to_preset(record, record["preset"]), path.name
+
+
+def test_results_versions_say_what_changed_and_which_still_conform(committed_record):
+    "Version 2 changed the tested checkpoint, not the training: a version-1 record still conforms, a later one not."
+    assert RESULTS_VERSION == max(RESULTS_VERSIONS) == 2 and set(CONFORMING_RESULTS_VERSIONS) <= set(RESULTS_VERSIONS)
+    for version, conforms in ((1, True), (2, True), (3, False)):
+        assert conforms_to_preset({**committed_record, "results_version": version}, "cpu") is conforms, version
+    unversioned = {k: v for k, v in committed_record.items() if k != "results_version"}  # absent = version 1
+    assert conforms_to_preset(unversioned, "cpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,3 +192,13 @@ def test_a_variant_parameter_override_keeps_the_name_it_had_before_the_registry(
     name, differences = run_identity(RunSpec("listops", "hkt", "cpu", 0, model_overrides={"n_levels": 2}))
     assert differences == {"model": {"n_levels": 2}}
     assert name == run_name("listops", "hkt", "cpu", 0, run_variant({"model": {"n_levels": 2}}))
+
+
+@pytest.mark.parametrize("field, value", [("time_budget_s", -5), ("time_budget_s", float("nan")),
+                                          ("time_budget_s", float("inf")), ("time_budget_s", "90"), ("stop_after", -1)])
+def test_run_options_refuse_a_budget_that_is_no_budget(field, value):
+    "Issue 20: a negative, NaN or infinite time budget trained nothing, or meant 'no budget'; now refused by name."
+    from hkt_nb.lra.config import RunOptions
+    with pytest.raises((TypeError, ValueError), match=field):
+        RunOptions(**{field: value})
+    assert RunOptions(time_budget_s=0.0).time_budget_s == 0.0 and RunOptions(stop_after=0).stop_after == 0

@@ -57,8 +57,13 @@ def test_results_json_schema_and_values(smoke_run):
     tc = saved["config"]["train"]
     assert len(saved["history"]) == tc["epochs"] == PRESETS["smoke"].train.epochs
     assert [h["epoch"] for h in saved["history"]] == list(range(1, tc["epochs"] + 1))
-    val = [h["val_acc"] for h in saved["history"]]
-    assert saved["best_val_acc"] == max(val) and saved["best_epoch"] == val.index(max(val)) + 1
+    # the tested checkpoint is the lowest validation loss (the first of a tie), not the highest accuracy (issue 23)
+    losses = [h["val_loss"] for h in saved["history"]]
+    assert saved["selection"] == "val_loss" and saved["best_epoch"] == losses.index(min(losses)) + 1
+    assert saved["best_val_loss"] == min(losses)
+    assert saved["best_val_acc"] == saved["history"][saved["best_epoch"] - 1]["val_acc"]
+    assert saved["final_epoch"] == len(saved["history"]) and 0 <= saved["final_test_acc"] <= 1
+    assert saved["final_test_loss"] > 0 and saved["results_version"] == 2
     assert set(saved["versions"]) >= {"python", "torch", "datasets", "hkt_nb"}
     assert saved["hardware"]["world_size"] == 1 and saved["n_test_evaluated"] == saved["data"]["n_test"] == 128
     # lambdas (n_layers, H, L), rows on the simplex; gates (n_layers, H) in (0, 1)
@@ -82,6 +87,50 @@ def test_test_accuracy_is_that_of_the_saved_best_model(smoke_run, one_thread):
     ev = evaluate(net, make_dataloader(test, 64), torch.device("cpu"))
     assert ev["n"] == 128 and ev["acc"] == r["test_acc"]
     assert ev["loss"] == pytest.approx(r["test_loss"], rel=1e-6)
+
+
+def test_the_final_model_is_scored_beside_the_tested_one(tmp_path, monkeypatch, one_thread):
+    """`final_test_acc` / `final_test_loss` are the test scores of the model as the last epoch left it, the tested
+    ones (`test_acc`, predictions) those of the lowest validation loss: with the validation losses forced to rise,
+    epoch 1 is tested, and the final scores equal those of the model saved after the last epoch."""
+    from hkt_nb.lra import loop
+
+    real_evaluate, calls = loop.evaluate, {"validation": 0}
+
+    def rising_validation_loss(model, loader, device, dtype=None, predictions=False):
+        out = real_evaluate(model, loader, device, dtype, predictions)
+        if loader is run_loaders["validation"]:
+            calls["validation"] += 1
+            out["loss"] = float(calls["validation"])  # 1, 2, 3: epoch 1 is the best by validation loss
+        return out
+
+    real_build = loop.build_run
+    run_loaders, final_states = {}, []
+
+    def build_and_keep(spec, options):
+        run = real_build(spec, options)
+        run_loaders.update(run.loaders)
+        return run
+
+    real_save = loop.checkpoints.save_checkpoint
+
+    def save_and_keep(run, epoch):
+        real_save(run, epoch)
+        final_states.append({k: v.detach().clone() for k, v in run.model.state_dict().items()})
+
+    monkeypatch.setattr(loop, "evaluate", rising_validation_loss)
+    monkeypatch.setattr(loop, "build_run", build_and_keep)
+    monkeypatch.setattr(loop.checkpoints, "save_checkpoint", save_and_keep)
+    record = loop.train("synthetic", epochs=3, results_dir=tmp_path, **QUIET,
+                        train_overrides={"n_train": 64, "n_val": 32, "n_test": 32, "save_model": True})
+    assert record["best_epoch"] == 1 and record["best_val_loss"] == 1.0 and record["final_epoch"] == 3
+    final = HKTClassifier(ClassifierConfig.from_dict(record["config"]["model"]))
+    final.load_state_dict(final_states[-1])
+    best = HKTClassifier.from_checkpoint(tmp_path / record["model_path"])
+    scores = [real_evaluate(net, run_loaders["test"], torch.device("cpu")) for net in (final, best)]
+    assert (scores[0]["acc"], scores[0]["loss"]) == pytest.approx((record["final_test_acc"], record["final_test_loss"]))
+    assert (scores[1]["acc"], scores[1]["loss"]) == pytest.approx((record["test_acc"], record["test_loss"]))
+    assert not torch.equal(final_states[-1]["head.weight"], best.state_dict()["head.weight"])  # two models
 
 
 def test_train_names_a_missing_split(tmp_path):

@@ -33,6 +33,8 @@ def attached_methods(module) -> set[int]:
         if cls.__module__ != module.__name__:
             continue
         for value in vars(cls).values():
+            if not (inspect.isfunction(value) or isinstance(value, (property, classmethod, staticmethod))):
+                continue  # a plain value (a dataclass default such as 2) shares its id with equal constants
             held |= {id(value), id(getattr(value, "fget", None)), id(getattr(value, "__func__", None))}
     held.discard(id(None))
     return held

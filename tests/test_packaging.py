@@ -2,6 +2,7 @@
 both are checked: the sdist holds what a build needs and no data or results; the wheel holds only the library;
 the metadata says what settings.ini says (core requirements torch, numpy and safetensors, the extras, SPDX licence,
 URLs)."""
+import os
 import re
 import subprocess
 import sys
@@ -14,6 +15,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NEVER_SHIPPED = (".ipynb", ".parquet", ".arrow", ".pt", ".npz", ".json", ".pyc")
+
+
+def clean_env(**extra) -> dict:
+    """This process's environment without what would make a subprocess see this checkout instead of the venv under
+    test: PYTHONPATH (a worktree on it holds hkt_nb, and after the build hkt_nb.egg-info, so pip would take the
+    wheel for installed already and skip it), PYTHONHOME, PYTHONSTARTUP, PYTHONUSERBASE and a virtualenv's marker."""
+    hidden = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "VIRTUAL_ENV", "PIP_TARGET", "PIP_PREFIX")
+    return {**{k: v for k, v in os.environ.items() if k not in hidden}, **extra}
 
 
 @pytest.fixture(scope="module")
@@ -82,26 +91,72 @@ def readme_example() -> str:
     return next(block for block in blocks if "HierarchicalAttention" in block)
 
 
-@pytest.mark.slow
-def test_wheel_installs_in_a_clean_venv_and_runs_the_readme_example(dists, tmp_path):
-    "A fresh venv gets the wheel (no deps: torch and numpy are borrowed, read-only, from this environment)."
+@pytest.fixture(scope="module")
+def venv(dists, tmp_path_factory):
+    """A fresh venv with the wheel installed (no deps: torch, numpy and the rest are borrowed, read-only, from this
+    environment), every subprocess run with `clean_env` (never this checkout on PYTHONPATH). Returns its python."""
     _, wheel = dists
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True)
+    folder = tmp_path_factory.mktemp("venv") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True, env=clean_env())
+    python = folder / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True,
+                   env=clean_env())
     import numpy
     import torch
 
     borrowed = {str(Path(module.__file__).parents[1]) for module in (torch, numpy)}
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+                          check=True, capture_output=True, text=True, env=clean_env()).stdout.strip()
     (Path(site) / "borrowed_torch.pth").write_text("\n".join(sorted(borrowed)) + "\n")
+    return python
+
+
+def test_clean_env_hides_this_checkout(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    env = clean_env(OMP_NUM_THREADS="1")
+    assert "PYTHONPATH" not in env and env["OMP_NUM_THREADS"] == "1" and env["PATH"] == os.environ["PATH"]
+
+
+@pytest.mark.slow
+def test_wheel_installs_in_a_clean_venv_and_runs_the_readme_example(venv, tmp_path):
+    "The README's example runs in the venv and imports hkt_nb from the installed wheel (never from this checkout)."
     script = tmp_path / "example.py"
     script.write_text(readme_example() + "\nimport hkt_nb\nprint(hkt_nb.__file__)\nprint(tuple(y.shape))\n")
-    out = subprocess.run([str(python), str(script)], capture_output=True, text=True, cwd=tmp_path,
+    out = subprocess.run([str(venv), str(script)], capture_output=True, text=True, cwd=tmp_path,
                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr
     location, shape = out.stdout.strip().splitlines()[-2:]
-    assert location.startswith(str(venv)), location
+    assert location.startswith(str(venv.parents[1])), location
     assert shape == "(4, 1000, 256)"
+
+
+@pytest.mark.slow
+def test_records_url_comes_from_the_wheels_source_url(dists, venv, settings, tmp_path, monkeypatch):
+    """Issue 20, item 7: installed from a wheel with no clone around it (Colab), `records_url()` names the
+    repository of the `Source` entry of `Project-URL`, not `Home-page` (the book's site). Checked twice: on the
+    METADATA of the wheel built from the sdist, read with `importlib.metadata.PathDistribution`, and by calling
+    `records_url()` in the venv the wheel is installed in, from a folder outside any clone."""
+    from importlib.metadata import PathDistribution
+
+    from hkt_nb.lra import workspace
+
+    _, wheel = dists
+    archive = zipfile.ZipFile(wheel)
+    dist_info = next(n.split("/")[0] for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+    archive.extractall(tmp_path / "wheel", [n for n in archive.namelist() if n.startswith(dist_info)])
+    meta = PathDistribution(tmp_path / "wheel" / dist_info).metadata
+    owner_repo = settings["git_url"].split("github.com/", 1)[1]
+    expected = f"https://raw.githubusercontent.com/{owner_repo}/v{settings['version']}/results"
+    assert "github.com" not in (meta.get("Home-page") or "")  # the book's site: following it was the bug
+    assert f"Source, {settings['git_url']}" in meta.get_all("Project-URL")
+    monkeypatch.setattr(workspace, "_clone_root", lambda start: None)  # as if no clone were around
+    monkeypatch.setattr(workspace.metadata, "metadata", lambda name: meta)
+    assert workspace.records_url() == expected
+    outside = tmp_path / "colab"
+    outside.mkdir()
+    code = "import hkt_nb.lra.workspace as w; print(w.__file__); print(w.records_url())"
+    out = subprocess.run([str(venv), "-c", code], capture_output=True, text=True, cwd=outside,
+                         env=clean_env(OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    location, url = out.stdout.strip().splitlines()[-2:]
+    assert location.startswith(str(venv.parents[1])) and url == expected, out.stdout

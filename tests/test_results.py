@@ -205,14 +205,16 @@ def test_reading_runs_missing_and_partial(tmp_path):
     _write_run(tmp_path, "listops", "hkt", 1, 0.5, labels, complete=False)  # a run still training
     _write_run(tmp_path, "listops", "mha", 1, 0.5, labels, predictions=False)
     (tmp_path / "imdb-hkt-cpu-seed0.json").write_text("{ truncated")  # a half-written file
-    runs = load_runs(tmp_path)
+    with pytest.warns(UserWarning, match="unreadable record .*imdb-hkt-cpu-seed0.json"):
+        runs = load_runs(tmp_path)
     assert sorted(runs) == ["listops-hkt-cpu-seed0", "listops-mha-cpu-seed0", "listops-mha-cpu-seed1"]
     assert load_predictions(tmp_path, runs["listops-mha-cpu-seed1"]) is None
     grid = {(r["task"], r["model"], r["seed"]): r["status"] for r in run_grid(tmp_path, runs, "cpu")}
     assert grid[("listops", "hkt", 0)] == "finished"
     assert grid[("listops", "hkt", 1)] == "not yet run"
     assert grid[("listops", "mha", 1)] == "finished, no predictions"
-    assert grid[("imdb", "hkt", 0)] == "not yet run" and len(grid) == 8 * len(SEEDS)
+    assert grid[("imdb", "hkt", 0)].startswith(f"unreadable record {tmp_path / 'imdb-hkt-cpu-seed0.json'}: truncated")
+    assert grid[("imdb", "hkt", 1)] == "not yet run" and len(grid) == 8 * len(SEEDS)
     comparison = compare_on_seed(tmp_path, runs, "listops", ("hkt", "mha"), "cpu", 0)
     assert (comparison["only_a"], comparison["only_b"]) == (20, 0) and comparison["difference"] == pytest.approx(0.2)
     assert compare_on_seed(tmp_path, runs, "listops", ("hkt", "mha"), "cpu", 1) is None

@@ -28,7 +28,9 @@ def test_cli_parses_and_rejects():
 
 
 @pytest.mark.parametrize("argument", [["--epochs", "0"], ["--epochs", "-2"], ["--threads", "0"], ["--seed", "-1"],
-                                      ["--epochs", "two"], ["--seed", "1.5"], ["--device", "tpu"], ["--model", "rnn"]])
+                                      ["--epochs", "two"], ["--seed", "1.5"], ["--device", "tpu"], ["--model", "rnn"],
+                                      ["--time-budget", "-5"], ["--time-budget", "0"], ["--time-budget", "nan"],
+                                      ["--time-budget", "inf"], ["--time-budget", "soon"]])
 def test_cli_rejects_values_instead_of_ignoring_them(argument, capsys):
     "Exit status 2 and a message naming the argument and the value given (never read as 'not given')."
     with pytest.raises(SystemExit) as exit:
@@ -153,3 +155,84 @@ def test_plot_colours_follow_the_arms_registry(temporary_arm):
     colours = {line.get_label(): line.get_color() for line in accuracy_axis.get_lines()}
     for model in ("hkt", "mha", "hkt_s3"):
         assert to_rgba(colours[f"{model.upper()} seed 0"]) == to_rgba(f"C{list(ARMS).index(model)}")
+
+
+# ---------------------------------------------------------------- issue 20: exit statuses, Ctrl-C, damaged records
+CLI_SMALL = ["--task", "synthetic", "--device", "cpu", "--threads", "1", "--no-progress"]
+
+
+def test_cli_time_budget_is_a_positive_number_of_seconds():
+    assert parse_args(["--task", "listops", "--time-budget", "90"]).time_budget == 90.0
+    assert parse_args(["--task", "listops", "--time-budget", "1e-3"]).time_budget == 0.001
+    assert parse_args(["--task", "listops"]).time_budget is None
+
+
+def test_cli_that_trained_nothing_exits_non_zero(tmp_path):
+    "A budget spent before the first step: nothing trained, a one-line message and status 1 (not 0)."
+    with pytest.raises(SystemExit) as exit_:
+        main([*CLI_SMALL, "--results-dir", str(tmp_path), "--time-budget", "1e-9"])
+    assert isinstance(exit_.value.code, str) and "nothing was trained" in exit_.value.code  # printed, status 1
+    assert "--time-budget 1e-09" in exit_.value.code and not list(tmp_path.glob("*.json"))
+
+
+def test_ctrl_c_prints_how_to_resume_and_exits_non_zero(tmp_path, monkeypatch, capsys):
+    """KeyboardInterrupt during training: no traceback, one line with the exact command that resumes the run (the
+    same arguments, without --no-resume), status 130; the run's lock is released."""
+    from hkt_nb.lra import loop
+
+    def interrupted(run, epoch):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "train_one_epoch", interrupted)
+    argv = [*CLI_SMALL, "--results-dir", str(tmp_path / "my results"), "--no-resume"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 130 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    expected = ("hkt-train --task synthetic --device cpu --threads 1 --no-progress --results-dir "
+                f"'{tmp_path / 'my results'}'")
+    assert len(lines) == 1 and lines[0].endswith(f"resume with: {expected}"), lines
+    assert not list((tmp_path / "my results").rglob("*.lock"))
+
+
+def test_load_or_train_names_a_damaged_record_of_its_run(tmp_path):
+    from hkt_nb.lra.records import UnreadableRecordError
+    damaged = tmp_path / "synthetic-hkt-smoke-seed0.json"
+    damaged.write_text("[]")
+    with pytest.raises(UnreadableRecordError, match=f"unreadable record {damaged}: a JSON list"):
+        load_or_train("synthetic", results_dir=tmp_path, **QUIET)
+    with pytest.raises(UnreadableRecordError, match=str(damaged)):
+        finished_run("synthetic", "hkt", "smoke", 0, tmp_path)
+
+
+def test_a_damaged_record_beside_a_run_of_its_task_warns_trains_and_shows_in_the_grid(tmp_path, capsys, one_thread):
+    """Issue 20, item 2: a truncated `cpu` record of ListOps made every `hkt-train --task listops` fail before
+    training (a bare JSONDecodeError from the time estimate). Now the estimate skips it with a warning naming it,
+    the smoke run trains, and the results grid shows the damaged record as unreadable, not as "not yet run"."""
+    from hkt_nb.lra.results import run_grid
+    committed = REPO / "results" / "listops-hkt-cpu-seed0.json"
+    damaged = tmp_path / "listops-hkt-cpu-seed0.json"
+    damaged.write_text(committed.read_text()[:200] if committed.is_file() else '{"run": "listops-hkt-cpu-seed0", ')
+    with pytest.warns(UserWarning, match=f"skipped unreadable record {damaged}: truncated"):
+        main(["--task", "listops", "--model", "hkt", "--preset", "smoke", "--seed", "0", "--threads", "1",
+              "--device", "cpu", "--no-progress", "--results-dir", str(tmp_path)])
+    assert "estimated time on this CPU: unknown" in capsys.readouterr().out
+    smoke = json.loads((tmp_path / "listops-hkt-smoke-seed0.json").read_text())
+    assert smoke["complete"] and smoke["task"] == "listops"
+    with pytest.warns(UserWarning, match=f"unreadable record {damaged}"):
+        runs = load_runs(tmp_path, "cpu")
+    (row,) = run_grid(tmp_path, runs, "cpu", expected={"listops": ("hkt",)}, seeds=(0,))
+    assert row["status"].startswith(f"unreadable record {damaged}: truncated") and row["test_acc"] is None
+    (smoke_row,) = run_grid(tmp_path, load_runs(tmp_path, "smoke"), "smoke", expected={"listops": ("hkt",)}, seeds=(0,))
+    assert smoke_row["status"] == "finished" and smoke_row["test_acc"] == smoke["test_acc"]
+
+
+def test_a_mistyped_results_folder_is_an_error_not_an_empty_grid(tmp_path):
+    from hkt_nb.lra.results import copy_finished_runs, run_grid
+    missing = tmp_path / "resluts"
+    for call in (lambda: load_runs(missing), lambda: load_runs(missing, "cpu"), lambda: run_grid(missing, {}, "cpu"),
+                 lambda: copy_finished_runs(missing, tmp_path / "dest")):
+        with pytest.raises(FileNotFoundError, match=f"results_dir {missing} .*is not a folder"):
+            call()

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from hkt_nb.lra.config import TASKS
-from hkt_nb.lra.workspace import estimated_time
+from hkt_nb.lra import workspace
+from hkt_nb.lra.workspace import estimate_seconds, estimated_time, records_url
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,3 +23,42 @@ def test_paper_preset_on_cpu_warns_with_an_estimate(task):
     hours = re.search(r"would take about ([\d,]+) hours", str(caught[0].message)).group(1)
     assert f"about {hours} h for 6 run(s)" in line
 
+
+
+def test_the_estimate_skips_unreadable_records_with_a_warning_naming_them(tmp_path):
+    committed = REPO / "results" / "listops-hkt-cpu-seed0.json"
+    if not committed.is_file():
+        pytest.skip("no committed cpu run")
+    good = tmp_path / "listops-hkt-cpu-seed1.json"
+    good.write_bytes(committed.read_bytes())
+    reference = estimate_seconds("listops", "hkt", "paper", tmp_path)
+    for content in ("{ truncated", "[]", "{}"):
+        (tmp_path / "listops-hkt-cpu-seed0.json").write_text(content)  # sorted first: read before the good one
+        with pytest.warns(UserWarning, match="time estimate: skipped unreadable record .*listops-hkt-cpu-seed0.json"):
+            assert estimate_seconds("listops", "hkt", "paper", tmp_path) == reference
+    good.unlink()
+    with pytest.warns(UserWarning, match="skipped unreadable record"):
+        assert estimate_seconds("listops", "hkt", "paper", tmp_path) is None
+
+
+class _Metadata:
+    "The part of `importlib.metadata`'s message that `records_url` reads."
+    def __init__(self, entries):
+        self.entries = entries
+
+    def get_all(self, key):
+        return [v for k, v in self.entries if k == key] or None
+
+
+def test_records_url_reads_the_source_project_url_never_the_home_page(monkeypatch):
+    "Outside a clone (an installed wheel, e.g. on Colab) the repository is `Project-URL: Source`, not `Home-page`."
+    import hkt_nb
+    monkeypatch.setattr(workspace, "_clone_root", lambda start: None)
+    site = ("Home-page", "https://hkt-nb.github.io/hkt_nb/")
+    monkeypatch.setattr(workspace.metadata, "metadata", lambda name: _Metadata(
+        [site, ("Project-URL", "Documentation, https://hkt-nb.github.io/hkt_nb/"),
+         ("Project-URL", "Source, https://github.com/someone/hkt_nb.git")]))
+    assert records_url() == f"https://raw.githubusercontent.com/someone/hkt_nb/v{hkt_nb.__version__}/results"
+    monkeypatch.setattr(workspace.metadata, "metadata", lambda name: _Metadata([site]))
+    with pytest.raises(RuntimeError, match="HKT_NB_RECORDS"):  # the book's site is no repository
+        records_url()

@@ -480,6 +480,17 @@ def _local_files(record, root: Path) -> dict[str, str]:
 
 
 # %% ../../nbs/04_data.ipynb #433c02bd
+def _damaged_parquet(files: dict) -> str | None:
+    "'<file> (<reader's error>)' for the first of `files` whose data pages pyarrow cannot read in full, else None."
+    import pyarrow.parquet as pq
+    for path in files.values():
+        try:
+            pq.read_table(path)
+        except Exception as error:
+            return f"{path} ({type(error).__name__}: {error})"
+    return None
+
+
 def load_raw(task: str, data_dir: str | os.PathLike | None = None, cache: str | os.PathLike | None = None
              ) -> datasets.DatasetDict:
     """The raw `train` / `test` splits of a task whose data come from the hub (`Task.hub`: "imdb" gives `text`,
@@ -496,6 +507,10 @@ def load_raw(task: str, data_dir: str | os.PathLike | None = None, cache: str | 
         try:
             dd = datasets.load_dataset("parquet", data_files=files, cache_dir=hf_cache)
         except Exception as e:
+            damaged = _damaged_parquet(files)  # the layout is right (checked above): name the file that fails
+            if damaged is not None:
+                raise ValueError(f"could not read {record.name}: {damaged}; the file is corrupt or truncated: replace "
+                                 f"it with a fresh copy of {record.hub} from the hub") from e
             raise ValueError(f"could not read {record.name} from {root} ({type(e).__name__}: {e}); "
                              f"{_layout_help(record)}") from e
     else:

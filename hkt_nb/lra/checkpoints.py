@@ -5,9 +5,11 @@
 # %% ../../nbs/05d_checkpoints.ipynb #f44ce6e3
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -16,11 +18,12 @@ import torch
 import torch.distributed as dist
 
 from ..model import ClassifierConfig
-from .config import EXECUTION_ONLY_FIELDS
+from .benchmarks import absolute_path
+from .config import EXECUTION_ONLY_FIELDS, RESULTS_VERSION, RESULTS_VERSIONS, run_identity
 
 # %% auto #0
-__all__ = ['seed_everything', 'rng_state', 'set_rng_state', 'atomic_save', 'writable_folder', 'fingerprint', 'save_checkpoint',
-           'restore']
+__all__ = ['seed_everything', 'rng_state', 'set_rng_state', 'atomic_write', 'atomic_save', 'writable_folder', 'RunLockedError',
+           'run_lock', 'lock_run', 'fingerprint', 'save_checkpoint', 'restore']
 
 # %% ../../nbs/05d_checkpoints.ipynb #bee55233
 def seed_everything(seed: int) -> None:
@@ -50,16 +53,33 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 # %% ../../nbs/05d_checkpoints.ipynb #c1ab1477
-def atomic_save(obj, path: Path) -> None:
-    "Write `obj` (torch.save, or JSON for a .json path) to `path` via a temporary file and `os.replace`."
+def atomic_write(path: Path, write) -> None:
+    """Write the file `path` atomically: `write(file)` fills a unique temporary file in the same folder (binary
+    mode), which is flushed to the disk (`os.fsync`) and renamed over `path` (`os.replace`). Concurrent writers of one
+    path never share a temporary file, and a reader sees the old or the new content, never a mixture or a partial
+    file; on any error (also KeyboardInterrupt) the temporary file is removed and `path` is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    if path.suffix == ".json":
-        tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    descriptor, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        umask = os.umask(0); os.umask(umask)  # mkstemp creates 0600; give the file the mode open() would
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_save(obj, path: Path) -> None:
+    "Write `obj` (torch.save, or JSON for a .json path) to `path` atomically (`atomic_write`)."
+    if Path(path).suffix == ".json":
+        atomic_write(path, lambda file: file.write((json.dumps(obj, indent=1) + "\n").encode()))
     else:
-        torch.save(obj, tmp)
-    os.replace(tmp, path)
+        atomic_write(path, lambda file: torch.save(obj, file))
 
 
 def writable_folder(folder: Path, name: str) -> Path:
@@ -73,11 +93,92 @@ def writable_folder(folder: Path, name: str) -> Path:
                          "choose another folder") from None
     return folder
 
+# %% ../../nbs/05d_checkpoints.ipynb #2015f3bb
+try:  # POSIX
+    import fcntl
+except ImportError:  # Windows: msvcrt's byte-range lock, also released by the OS when its process ends
+    fcntl = None
+    import msvcrt
+
+
+class RunLockedError(RuntimeError):
+    "Another live process holds the lock of this run (`run_lock`)."
+
+
+def _try_lock(file) -> bool:
+    "Take the exclusive lock of the open `file` without waiting; False when another process holds it."
+    try:
+        if fcntl is not None:
+            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        else:
+            file.seek(64); msvcrt.locking(file.fileno(), msvcrt.LK_NBLCK, 1)  # past the pid, which stays readable
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def run_lock(path: Path, name: str):
+    """Hold the exclusive lock file `path` of run `name` while the block runs (see above); the file holds this
+    process's id and is removed on exit (and so is its folder, if this call created it and it is left empty).
+    Raises RunLockedError naming the lock file and the owner's process id when another live process holds it; a
+    lock file left by a dead process is taken over. (The Windows branch, `msvcrt`, is not exercised by the tests.)"""
+    path = Path(path)
+    created = not path.parent.is_dir()  # a folder made for the lock is removed with it
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            file = open(path, "a+b")
+        except FileNotFoundError:  # the folder was just removed by a previous owner's exit: create it again
+            continue
+        if not _try_lock(file):
+            file.seek(0)
+            owner = file.read(32).decode(errors="replace").strip() or "unknown"
+            file.close()
+            raise RunLockedError(f"run {name} is already training in another process (pid {owner}), which holds "
+                                 f"the lock file {path}; wait for it to finish, or give this run another results "
+                                 "folder (hkt-train --results-dir)")
+        try:  # the lock is on this file only if the path still names it (the previous owner may have removed it)
+            same = os.path.samestat(os.fstat(file.fileno()), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        file.close()
+    try:
+        file.seek(0); file.truncate(); file.write(f"{os.getpid()}\n".encode()); file.flush()
+        yield path
+    finally:
+        if fcntl is not None:
+            path.unlink(missing_ok=True)  # while still holding the lock, so no one takes a removed file's lock
+        file.close()
+        if fcntl is None:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        if created:
+            with contextlib.suppress(OSError):  # rmdir: only when the lock was all it held
+                path.parent.rmdir()
+
+
+# %% ../../nbs/05d_checkpoints.ipynb #f1c2e9f6
+def lock_run(spec, options):
+    """The lock of the run `spec` (a `RunSpec`) writes under `options.results_dir`: `run_lock` on
+    `<results_dir>/checkpoints/<run>.lock` on rank 0 (`$RANK`, as torchrun sets it), nothing on the other ranks.
+    Raises ValueError when the results folder cannot be written, and (on entering) RunLockedError when another live
+    process trains the same run into the same folder."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return contextlib.nullcontext()
+    name, _ = run_identity(spec.resolved())
+    folder = writable_folder(absolute_path(options.results_dir), "results_dir")
+    return run_lock(folder / "checkpoints" / f"{name}.lock", name)
+
 # %% ../../nbs/05d_checkpoints.ipynb #1fe91a76
 def fingerprint(run) -> dict:
-    "What a checkpoint must match to be resumed: the run's identity, configurations and split sizes (as JSON)."
+    """What a checkpoint must match to be resumed: the run's identity, `RESULTS_VERSION` (a checkpoint of another
+    version selected its best model otherwise), configurations and split sizes (as JSON)."""
     spec = run.spec
     identity = {"task": spec.task, "model": spec.model, "preset": spec.preset.name, "seed": spec.seed,
+                "results_version": RESULTS_VERSION,
                 "world_size": run.world, "model_config": run.model_config.to_dict(),
                 "train_config": asdict(run.train_config), "n": {s: len(d) for s, d in run.splits.items()}}
     return json.loads(json.dumps(identity))  # tuples -> lists, as they come back from disk
@@ -103,7 +204,8 @@ def _comparable(identity: dict) -> dict:
     resume), its model configuration read through `ClassifierConfig.from_dict` (a checkpoint of the flat form resumes)."""
     train_config = {k: v for k, v in identity.get("train_config", {}).items() if k not in EXECUTION_ONLY_FIELDS}
     model_config = json.loads(json.dumps(ClassifierConfig.from_dict(identity["model_config"]).to_dict()))
-    return {**identity, "train_config": train_config, "model_config": model_config}
+    return {**identity, "train_config": train_config, "model_config": model_config,
+            "results_version": identity.get("results_version", 1)}
 
 
 def _read_checkpoint(path: Path, device) -> dict:
@@ -124,13 +226,21 @@ def restore(run) -> None:
         return
     checkpoint = _read_checkpoint(path, run.device)
     expected, stored = _comparable(fingerprint(run)), _comparable(checkpoint["fingerprint"])
+    if stored["results_version"] != expected["results_version"]:
+        raise ValueError(f"checkpoint {path} was written under results version {stored['results_version']} (this "
+                         f"library: {expected['results_version']}: {RESULTS_VERSIONS[expected['results_version']]}); "
+                         "it cannot be continued: start afresh with resume=False (hkt-train --no-resume), or give "
+                         "this run another checkpoint folder (--checkpoint-dir) to keep it")
     if stored != expected:
         differ = sorted(k for k in expected if stored.get(k) != expected[k])
-        raise ValueError(f"checkpoint {path} belongs to a different configuration (differs in {differ}); "
-                         "delete it or pass resume=False")
+        raise ValueError(f"checkpoint {path} belongs to a different configuration (differs in {differ}): another "
+                         "run's checkpoint; give this run another checkpoint folder (checkpoint_dir=, hkt-train "
+                         "--checkpoint-dir), or delete the file if that run is abandoned (resume=False would "
+                         "overwrite it)")
     run.model.load_state_dict(checkpoint["model"]); run.optimizer.load_state_dict(checkpoint["optimizer"])
     run.scheduler.load_state_dict(checkpoint["scheduler"]); run.scaler.load_state_dict(checkpoint["scaler"])
     set_rng_state(checkpoint["rng"][run.rank])
     run.history, run.best, run.start_epoch = checkpoint["history"], checkpoint["best"], checkpoint["epoch"]
     run.train_time, run.n_seen = checkpoint["train_time_s"], checkpoint["train_examples"]
+    run.resumed_examples = run.n_seen
     run.show(f"{run.name}: resumed from {path} after epoch {run.start_epoch}")

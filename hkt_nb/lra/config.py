@@ -14,10 +14,10 @@ from .._checks import check_bool, check_choice, check_float, check_int
 from .tasks import BENCHMARKS, SEEDS, TaskTable, get_task
 
 # %% auto #0
-__all__ = ['TASKS', 'SEQ_LEN', 'AMP_MODES', 'EXECUTION_ONLY_FIELDS', 'PRESETS', 'ARMS', 'MODELS', 'RESULTS_VERSION',
-           'TrainConfig', 'Preset', 'get_preset', 'Arm', 'register_arm', 'get_arm', 'run_name', 'run_variant',
-           'build_config', 'result_relevant', 'flat_model_config', 'preset_differences', 'conforms_to_preset',
-           'RunOptions', 'RunSpec', 'run_identity', 'split_keywords']
+__all__ = ['TASKS', 'SEQ_LEN', 'AMP_MODES', 'EXECUTION_ONLY_FIELDS', 'PRESETS', 'ARMS', 'MODELS', 'RESULTS_VERSIONS',
+           'RESULTS_VERSION', 'CONFORMING_RESULTS_VERSIONS', 'TrainConfig', 'Preset', 'get_preset', 'Arm',
+           'register_arm', 'get_arm', 'run_name', 'run_variant', 'build_config', 'result_relevant', 'flat_model_config',
+           'preset_differences', 'conforms_to_preset', 'RunOptions', 'RunSpec', 'run_identity', 'split_keywords']
 
 # %% ../../nbs/05_train.ipynb #6c549d89
 #: The benchmarks (the registered tasks that have a chapter) and T of every registered task: views of the task
@@ -264,7 +264,14 @@ def preset_differences(
 # %% ../../nbs/05_train.ipynb #4f01da01
 #: Bumped (and said so in the commit) by a change that alters what runs compute; a record stores the version it was
 #: trained under (`"results_version"`, absent = 1) and conforms to a preset only under the current one.
-RESULTS_VERSION = 1
+RESULTS_VERSIONS = {
+    1: "tested the checkpoint of the best validation accuracy; the final checkpoint was not scored",
+    2: "tests the checkpoint of the lowest validation loss (`selection`: 'val_loss') and scores the final one beside it "
+       "(`final_test_acc`, `final_test_loss`); accuracy over a small validation set picks early epochs by noise",
+}
+RESULTS_VERSION = max(RESULTS_VERSIONS)
+#: The versions whose records still conform to an unchanged preset (2 changed the selection, not the training).
+CONFORMING_RESULTS_VERSIONS = (1, 2)
 
 
 def _stored_train(stored: dict, config_class=TrainConfig) -> dict:
@@ -283,8 +290,8 @@ def conforms_to_preset(
     record: dict,  # a results record (chapter 5: `"task"`, `"model"`, `"preset"`, `"config"`, `"data"`)
     preset: str | Preset,  # the preset (or its name) as it is today
 ) -> bool:
-    """Whether `record` is a run of `preset` as the preset is defined today: no variant, the preset's name, the current
-    `RESULTS_VERSION`, and the model configuration and result-relevant training configuration the preset gives for the
+    """Whether `record` is a run of `preset` as the preset is defined today: no variant, the preset's name, a results
+    version of `CONFORMING_RESULTS_VERSIONS`, and the model configuration and result-relevant training configuration the preset gives for the
     record's task and model, both compared after reading the stored ones back through their dataclasses (a field
     added with a default since the record was written takes its default). Execution-only fields are not compared. A
     record missing any of these is not conforming. The one comparison behind `finished_run` (reuse) and `load_runs`
@@ -293,7 +300,7 @@ def conforms_to_preset(
     try:
         if record.get("variant") or record.get("overrides") or record["preset"] != preset.name:
             return False
-        if record.get("results_version", 1) != RESULTS_VERSION:
+        if record.get("results_version", 1) not in CONFORMING_RESULTS_VERSIONS:
             return False
         task, data = record["task"], record["data"]
         wanted = preset.train_config(task)
@@ -316,6 +323,10 @@ class RunOptions:
     verbose: bool = True  # print one line per epoch
     stop_after: int | None = None  # end this call after that many epochs in total (rerun to resume)
     time_budget_s: float | None = None  # stop cleanly between two steps after this many seconds of this call
+
+    def __post_init__(self):  # TypeError / ValueError naming the field (hkt_nb._checks); 0 s: stop before any step
+        check_int("stop_after", self.stop_after, 0, allow_none=True)
+        check_float("time_budget_s", self.time_budget_s, 0, allow_none=True)
 
 # %% ../../nbs/05_train.ipynb #fdc8aab3
 @dataclass(frozen=True)

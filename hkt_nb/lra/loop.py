@@ -37,18 +37,20 @@ def train(
 ) -> dict:  # the results record, also written to `<results_dir>/<name>.json` by rank 0 (`run_identity`)
     "Train one run, step by step (chapter 5); launch under `torchrun` for several processes."
     spec_values, option_values = split_keywords(keywords)
-    run = build_run(RunSpec(task, model, preset, seed, **spec_values), replace(options or RunOptions(), **option_values))
-    checkpoints.restore(run)
-    records.announce(run)
-    for epoch in range(run.start_epoch, run.train_config.epochs):
-        if run.options.stop_after is not None and epoch >= run.options.stop_after:
-            break
-        epoch_result = train_one_epoch(run, epoch)
-        if run.budget_stop is not None:  # a partial epoch: neither validated nor checkpointed
-            break
-        validate(run, epoch, *epoch_result)
-        checkpoints.save_checkpoint(run, epoch)
-    return finish(run)
+    spec, options = RunSpec(task, model, preset, seed, **spec_values), replace(options or RunOptions(), **option_values)
+    with checkpoints.lock_run(spec, options):  # one live run per name (RunLockedError otherwise)
+        run = build_run(spec, options)
+        checkpoints.restore(run)
+        records.announce(run)
+        for epoch in range(run.start_epoch, run.train_config.epochs):
+            if run.options.stop_after is not None and epoch >= run.options.stop_after:
+                break
+            epoch_result = train_one_epoch(run, epoch)
+            if run.budget_stop is not None:  # a partial epoch: neither validated nor checkpointed
+                break
+            validate(run, epoch, *epoch_result)
+            checkpoints.save_checkpoint(run, epoch)
+        return finish(run)
 
 # %% ../../nbs/05a_loop.ipynb #4f8bf0c0
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -107,10 +109,11 @@ class Run:
     vocab_size: int
     started: float = field(default_factory=time.time)
     history: list = field(default_factory=list)
-    best: dict = field(default_factory=lambda: {"epoch": -1, "val_acc": -1.0, "state": None})
+    best: dict = field(default_factory=lambda: {"epoch": -1, "val_loss": math.inf, "val_acc": -1.0, "state": None})
     start_epoch: int = 0
     train_time: float = 0.0
     n_seen: int = 0
+    resumed_examples: int = 0  # n_seen when this call began (restored from a checkpoint, else 0)
     budget_stop: dict | None = None  # where the time budget stopped the run (see `train_one_epoch`)
     overrides: dict = field(default_factory=dict)  # what differs from the preset (`preset_differences`; {}: none)
 
@@ -217,32 +220,36 @@ def evaluate(
 
 
 def validate(run: Run, epoch: int, train_loss: float, n_examples: int, seconds: float) -> None:
-    "Step 4: validation accuracy, the history line, and the best model so far (kept in memory)."
+    "Step 4: validation loss and accuracy, the history line, and the best model so far (lowest validation loss, in memory)."
     run.train_time += seconds
     run.n_seen += n_examples
     val = evaluate(run.network, run.loaders["validation"], run.device, run.dtype)
     run.history.append({"epoch": epoch + 1, "train_loss": train_loss, "val_loss": val["loss"], "val_acc": val["acc"],
                         "lr": run.scheduler.get_last_lr()[0], "train_time_s": seconds,
                         "train_examples_per_s": n_examples / seconds})
-    if val["acc"] > run.best["val_acc"]:
-        run.best = {"epoch": epoch + 1, "val_acc": val["acc"],
+    if run.best["state"] is None or val["loss"] < run.best["val_loss"]:  # the first epoch is selected even at NaN
+        run.best = {"epoch": epoch + 1, "val_loss": val["loss"], "val_acc": val["acc"],
                     "state": {k: v.detach().clone() for k, v in run.model.state_dict().items()}}
     run.show(f"epoch {epoch + 1}/{run.train_config.epochs}: train loss {train_loss:.4f}, val loss {val['loss']:.4f}, "
              f"val acc {val['acc']:.4f} ({seconds:.1f} s, {n_examples / seconds:.0f} examples/s)")
 
 # %% ../../nbs/05a_loop.ipynb #0448fe57
 def finish(run: Run) -> dict:
-    """Step 6: for a complete run, test the best-validation model and write the outputs; an incomplete one
-    (stopped by `stop_after` or the time budget) returns its record with "complete": False and keeps its checkpoint."""
+    """Step 6: for a complete run, score the final model and the best one by validation loss (the tested one) on the
+    test set and write the outputs; an incomplete one (stopped by `stop_after` or the time budget) returns its record
+    with "complete": False and keeps its checkpoint."""
     results = records.run_record(run)
     if not results["complete"]:
         return records.report_stop(run, results)
+    final = evaluate(run.network, run.loaders["test"], run.device, run.dtype)  # the model as the last epoch left it
     run.model.load_state_dict(run.best["state"])
     test = evaluate(run.network, run.loaders["test"], run.device, run.dtype, predictions=True)
     predictions = distributed.gather_predictions(test.pop("predictions"), len(run.splits["test"]), run.rank, run.world)
-    results.update(records.final_results(run, test))
-    run.show(f"{run.name}: best epoch {run.best['epoch']} (val acc {run.best['val_acc']:.4f}), test acc "
-             f"{results['test_acc']:.4f} (majority {results['majority_test_acc']:.4f}); {results['wall_time_s']:.0f} s")
+    results.update(records.final_results(run, test, final))
+    run.show(f"{run.name}: best epoch {run.best['epoch']} by validation loss ({run.best['val_loss']:.4f}, val acc "
+             f"{run.best['val_acc']:.4f}), test acc {results['test_acc']:.4f}; final epoch {len(run.history)}: test acc "
+             f"{results['final_test_acc']:.4f} (majority {results['majority_test_acc']:.4f}); "
+             f"{results['wall_time_s']:.0f} s")
     if run.rank == 0:
         records.write_outputs(run, results, predictions)
     if run.world > 1:

@@ -5,9 +5,11 @@
 # %% ../../nbs/05e_records.ipynb #33d5729a
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
+import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -17,12 +19,13 @@ import torch
 import hkt_nb
 
 from ..model import count_parameters
-from .checkpoints import atomic_save
+from .checkpoints import atomic_save, atomic_write
 from .config import RESULTS_VERSION, run_name, run_variant
 
 # %% auto #0
-__all__ = ['run_record', 'announce', 'hardware_info', 'library_versions', 'hkt_internals', 'final_results', 'save_predictions',
-           'write_outputs', 'report_stop']
+__all__ = ['RECORD_KEYS', 'TEST_KEYS', 'run_record', 'announce', 'hardware_info', 'library_versions', 'hkt_internals',
+           'final_results', 'save_predictions', 'write_outputs', 'UnreadableRecordError', 'read_record',
+           'read_predictions', 'report_stop']
 
 # %% ../../nbs/05e_records.ipynb #c1666deb
 def run_record(run) -> dict:
@@ -89,12 +92,17 @@ def hkt_internals(model) -> dict:
     return {name: [layer[name].float().cpu().tolist() for layer in per_layer] for name in per_layer[0]}
 
 
-def final_results(run, test: dict) -> dict:
-    "The record's test part: `test` (from `evaluate` of the best model), majority baseline, times, hardware, versions."
+def final_results(run, test: dict, final: dict | None = None) -> dict:
+    """The record's test part: `test` (`evaluate` of the tested model, the best by validation loss: `selection`,
+    `best_epoch`, `best_val_loss`, `best_val_acc`), `final` (`evaluate` of the model after the last epoch, when given:
+    `final_epoch`, `final_test_acc`, `final_test_loss`), the majority baseline, times, hardware, versions."""
     labels_train = np.bincount(run.splits["train"]["label"], minlength=run.n_classes)
     labels_test = np.bincount(run.splits["test"]["label"], minlength=run.n_classes)
-    return {"best_epoch": run.best["epoch"], "best_val_acc": run.best["val_acc"], "test_acc": test["acc"],
-            "test_loss": test["loss"], "n_test_evaluated": test["n"],
+    scored_final = {} if final is None else {"final_epoch": len(run.history), "final_test_acc": final["acc"],
+                                             "final_test_loss": final["loss"]}
+    return {"selection": "val_loss", "best_epoch": run.best["epoch"], "best_val_loss": run.best["val_loss"],
+            "best_val_acc": run.best["val_acc"], "test_acc": test["acc"], "test_loss": test["loss"],
+            "n_test_evaluated": test["n"], **scored_final,
             "majority_test_acc": float(labels_test[labels_train.argmax()] / labels_test.sum()),
             "train_time_s": run.train_time, "wall_time_s": time.time() - run.started,
             "train_examples_per_s": run.n_seen / run.train_time,
@@ -106,13 +114,11 @@ def final_results(run, test: dict) -> dict:
 def save_predictions(path: Path, predictions: np.ndarray, labels: np.ndarray) -> None:
     """Write a run's test predictions and labels (one int16 each per test example, in split order) to the
     `.npz` file `path`, so that paired tests between runs can be recomputed without retraining. Raises ValueError
-    when their lengths differ."""
+    when their lengths differ. Written atomically (`atomic_write`, section *Checkpoints and resumption*)."""
     if len(predictions) != len(labels):
         raise ValueError(f"{len(predictions)} predictions for {len(labels)} labels")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez_compressed(tmp, predictions=np.asarray(predictions, np.int16), labels=np.asarray(labels, np.int16))
-    os.replace(tmp, path)
+    arrays = {"predictions": np.asarray(predictions, np.int16), "labels": np.asarray(labels, np.int16)}
+    atomic_write(path, lambda file: np.savez_compressed(file, **arrays))
 
 
 def write_outputs(run, results: dict, predictions: np.ndarray) -> None:
@@ -126,16 +132,87 @@ def write_outputs(run, results: dict, predictions: np.ndarray) -> None:
                      np.asarray(run.splits["test"]["label"]))
     results["predictions_path"] = str(Path("predictions") / f"{run.name}.npz")
     atomic_save(results, run.results_dir / f"{run.name}.json")
-    for path in (run.checkpoint_path, run.checkpoint_path.with_name("last.pt.tmp")):
+    for path in (run.checkpoint_path, run.checkpoint_path.with_name("last.pt.tmp")):  # .tmp: the fixed temporary name of earlier versions
         path.unlink(missing_ok=True)
     folder = run.checkpoint_path.parent
     if folder.exists() and not any(folder.iterdir()):
         folder.rmdir()
     run.show(f"{run.name}: record written to {run.results_dir / (run.name + '.json')}")
 
+# %% ../../nbs/05e_records.ipynb #2301e32c
+#: The keys a run record must have to be read (`run_record` writes them); a complete one also `TEST_KEYS`
+#: (`final_results`). A record missing others (a configuration) is read, and simply conforms to no preset.
+RECORD_KEYS = ("run", "complete", "task", "model", "preset", "seed")
+TEST_KEYS = ("test_acc",)
+
+
+class UnreadableRecordError(ValueError):
+    "A results record or predictions file that cannot be used; the message names the file and the problem."
+
+
+def read_record(path: str | os.PathLike) -> dict:  # the record
+    """The run record (results JSON) at `path`, checked: a JSON object with every key of `RECORD_KEYS`, and of
+    `TEST_KEYS` when it says `"complete": true`. Raises FileNotFoundError when there is no file, and
+    UnreadableRecordError naming the file and the problem when it cannot be read, is not JSON (e.g. truncated), is
+    JSON of another shape (a list) or lacks keys."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError) as error:
+        raise UnreadableRecordError(f"unreadable record {path}: {type(error).__name__}: {error}") from None
+    try:
+        record = json.loads(text)
+    except ValueError as error:
+        kind = "empty" if not text.strip() else "truncated or not JSON"
+        raise UnreadableRecordError(f"unreadable record {path}: {kind} ({error}); restore it from its source (e.g. "
+                                    "git checkout) or delete it and rerun the run") from None
+    if not isinstance(record, dict):
+        raise UnreadableRecordError(f"unreadable record {path}: a JSON {type(record).__name__}, not a run record "
+                                    "(a JSON object)")
+    missing = [key for key in RECORD_KEYS + (TEST_KEYS if record.get("complete") is True else ()) if key not in record]
+    if missing:
+        raise UnreadableRecordError(f"unreadable record {path}: missing the key(s) {missing} of a run record")
+    return record
+
+
+def read_predictions(
+    path: str | os.PathLike,  # a `.npz` written by `save_predictions`
+    n_expected: int | None = None,  # the number of test examples the record says were evaluated
+) -> tuple[np.ndarray, np.ndarray]:  # (predictions, labels), two int64 arrays of shape (n_test,)
+    """The test predictions and labels at `path`, checked: a readable `.npz` with the arrays `predictions` and
+    `labels`, both 1-d, of one non-zero length (equal to `n_expected` when given). Raises FileNotFoundError when there
+    is no file, UnreadableRecordError naming the file and the problem otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no predictions file {path}")
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            missing = [name for name in ("predictions", "labels") if name not in arrays.files]
+            if missing:
+                raise UnreadableRecordError(f"unreadable predictions {path}: no array {missing} (holds {arrays.files})")
+            predictions, labels = np.asarray(arrays["predictions"]), np.asarray(arrays["labels"])
+    except UnreadableRecordError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        raise UnreadableRecordError(f"unreadable predictions {path}: damaged or not a .npz ({type(error).__name__}: "
+                                    f"{error})") from None
+    if predictions.ndim != 1 or predictions.shape != labels.shape or len(labels) == 0:
+        raise UnreadableRecordError(f"unreadable predictions {path}: predictions {predictions.shape} and labels "
+                                    f"{labels.shape} must be two 1-d arrays of one non-zero length")
+    if not (np.issubdtype(predictions.dtype, np.integer) and np.issubdtype(labels.dtype, np.integer)):
+        raise UnreadableRecordError(f"unreadable predictions {path}: integer classes expected, got "
+                                    f"{predictions.dtype} and {labels.dtype}")
+    if n_expected is not None and len(labels) != n_expected:
+        raise UnreadableRecordError(f"unreadable predictions {path}: {len(labels)} examples, but the record says "
+                                    f"{n_expected} were evaluated")
+    return predictions.astype(np.int64), labels.astype(np.int64)
+
 # %% ../../nbs/05e_records.ipynb #d02346ce
 def report_stop(run, results: dict) -> dict:
-    "The record of an incomplete run, with how far a time budget let it get; prints what the next call will do."
+    """The record of an incomplete run, with how far a time budget let it get and `examples_this_call` (the training
+    examples this call went through: 0 when it trained nothing); prints what the next call will do."""
     if run.budget_stop is not None:
         examples, seconds = run.n_seen + run.budget_stop["examples"], run.train_time + run.budget_stop["seconds"]
         results["time_budget"] = {"budget_s": run.options.time_budget_s, **run.budget_stop, "examples_trained": examples,
@@ -151,4 +228,6 @@ def report_stop(run, results: dict) -> dict:
     else:  # stopped (time budget, stop_after=0) before the first checkpoint: there is nothing to resume
         then = "no epoch finished, so nothing was checkpointed and the next run starts afresh"
     run.show(f"{run.name}: stopped after epoch {len(run.history)} of {run.train_config.epochs}; {then}")
+    results["examples_this_call"] = (run.n_seen - run.resumed_examples
+                                     + (run.budget_stop["examples"] if run.budget_stop else 0))
     return results

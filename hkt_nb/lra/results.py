@@ -11,9 +11,9 @@ __all__ = ['EXPECTED_MODELS', 'PAIRS', 'PAPER_REPORTED', 'ALPHA', 'VERDICT_RULES
            'summary_markdown', 'established_sentences', 'run_grid']
 
 # %% ../../nbs/09_results.ipynb #87d7b9c2
-import json
 import math
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -54,20 +54,33 @@ def run_name(task: str,  # "listops", "scifar10" or "imdb"
     return f"{task}-{model}-{preset}-seed{seed}"
 
 
+def _results_folder(results_dir) -> Path:
+    "`results_dir` as a Path; FileNotFoundError naming it when it is not an existing folder."
+    folder = Path(results_dir)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"results_dir {folder} ({folder.absolute()}) is not a folder: a mistyped path? "
+                                "(the runs of a clone are in its results/; chapter 5, *Where runs live*)")
+    return folder
+
+
 def load_runs(results_dir,  # folder holding `<run>.json` records
               preset: str | None = None,  # keep only the runs of this preset as it is today (None: every run)
               ) -> dict:
-    """Finished run records (`complete` true and a `test_acc`) keyed by run name; unreadable or partial files are
-    skipped. With `preset`, only the records that conform to that preset today (`conforms_to_preset`, chapter 5):
-    never a variant (`<task>-<model>-<preset>-<variant>-seed<k>`), nor a run of a preset that has changed since.
-    Raises ValueError for an unknown preset name."""
+    """Finished run records (`complete` true and a `test_acc`) keyed by run name; partial runs are left out, and so
+    is a record that cannot be read (`read_record`, chapter 5), with a UserWarning "unreadable record <path>: <problem>"
+    (`run_grid` shows it too). With `preset`, only the records that conform to that preset today
+    (`conforms_to_preset`, chapter 5): never a variant (`<task>-<model>-<preset>-<variant>-seed<k>`), nor a run of a
+    preset that has changed since. Raises FileNotFoundError when `results_dir` is not a folder (a mistyped path
+    is an error, not a grid of runs "not yet run") and ValueError for an unknown preset name."""
+    from hkt_nb.lra.records import UnreadableRecordError, read_record  # imports torch: only when records are read
     if preset is not None:
         from hkt_nb.lra.config import conforms_to_preset  # imports torch: only when one preset's runs are asked for
     runs = {}
-    for path in sorted(Path(results_dir).glob("*-seed*.json")):
+    for path in sorted(_results_folder(results_dir).glob("*-seed*.json")):
         try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
+            record = read_record(path)
+        except (UnreadableRecordError, OSError) as error:
+            warnings.warn(str(error), stacklevel=2)
             continue
         if record.get("complete") is True and "test_acc" in record and (
                 preset is None or conforms_to_preset(record, preset)):
@@ -79,17 +92,15 @@ def load_predictions(results_dir,  # folder holding the run records
                      record: dict,  # a run record from `load_runs`
                      ) -> tuple | None:
     """Test-set `(predictions, labels)` of a run, two int64 arrays of shape (n_test,) in test-split order, or None
-    when the run recorded none. Raises ValueError when the arrays' shapes differ or disagree with `n_test_evaluated`."""
+    when the run recorded none (no `predictions_path`, or no file there). Read by `read_predictions` (chapter 5):
+    raises UnreadableRecordError, a ValueError naming the file, when it is damaged, lacks an array, holds empty
+    arrays, or its arrays' shapes differ or disagree with `n_test_evaluated`."""
+    from hkt_nb.lra.records import read_predictions
     relative = record.get("predictions_path")
     path = Path(results_dir) / relative if relative else None
     if path is None or not path.exists():
         return None
-    with np.load(path) as arrays:
-        predictions, labels = arrays["predictions"].astype(np.int64), arrays["labels"].astype(np.int64)
-    expected = record.get("n_test_evaluated", len(labels))
-    if predictions.shape != labels.shape or len(labels) != expected:
-        raise ValueError(f"{path}: predictions {predictions.shape}, labels {labels.shape}, expected ({expected},)")
-    return predictions, labels
+    return read_predictions(path, record.get("n_test_evaluated"))
 
 # %% ../../nbs/09_results.ipynb #22de8ac8
 def copy_finished_runs(source_dir,  # a training folder's results/ (records, predictions/, checkpoints/)
@@ -98,7 +109,15 @@ def copy_finished_runs(source_dir,  # a training folder's results/ (records, pre
     """Copy every finished run (its record says `"complete": true`) with its predictions and checkpoint from
     `source_dir` to `dest_dir`; the record is copied last, so a reader never sees a record without its arrays.
     Partial runs and variants (runs whose configuration differs from their preset's: `run_variant`, chapter 5)
-    are skipped: the book's `results/` holds preset runs only. Returns the names of the runs whose record changed."""
+    are skipped: the book's `results/` holds preset runs only, and so are unreadable records (with the warning of
+    `load_runs`). Returns the names of the runs whose record changed. Raises FileNotFoundError when `source_dir` is
+    not a folder."""
+    from hkt_nb.lra.checkpoints import atomic_write  # each file replaced atomically: a reader never sees half of one
+
+    def copy(source: Path, dest: Path) -> None:
+        with source.open("rb") as data:
+            atomic_write(dest, lambda file: shutil.copyfileobj(data, file))
+
     source_dir, dest_dir, copied = Path(source_dir), Path(dest_dir), []
     for name, record in load_runs(source_dir).items():
         if record.get("variant"):
@@ -106,11 +125,10 @@ def copy_finished_runs(source_dir,  # a training folder's results/ (records, pre
         for key in ("predictions_path", "model_path"):
             relative = record.get(key)
             if relative and (source_dir / relative).exists():
-                (dest_dir / relative).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source_dir / relative, dest_dir / relative)
+                copy(source_dir / relative, dest_dir / relative)
         source, dest = source_dir / f"{name}.json", dest_dir / f"{name}.json"
         if not dest.exists() or dest.read_bytes() != source.read_bytes():
-            shutil.copyfile(source, dest)
+            copy(source, dest)
             copied.append(name)
     return copied
 
@@ -430,7 +448,7 @@ def choose_preset(results_dir, preset: str = "auto") -> tuple[str, dict]:
     counts = {}
     for name in PRESET_ORDER:
         rows = run_grid(results_dir, load_runs(results_dir, name), name)
-        counts[name] = (sum(row["status"] != "not yet run" for row in rows), len(rows))
+        counts[name] = (sum(row["status"].startswith("finished") for row in rows), len(rows))
     if preset == "auto":
         complete = [name for name in PRESET_ORDER if counts[name][0] == counts[name][1]]
         preset = complete[0] if complete else max(PRESET_ORDER, key=lambda name: counts[name][0])
@@ -538,16 +556,31 @@ def run_grid(results_dir,  # folder holding the run records
              expected: dict = EXPECTED_MODELS,  # {task: models}
              seeds: tuple = SEEDS,  # the seeds expected
              ) -> list:
-    "One dict per expected (task, model, seed): `status` ('finished', 'finished, no predictions', 'not yet run'), `test_acc`."
-    rows = []
+    """One dict per expected (task, model, seed): `status` and `test_acc`. The status is 'finished', 'finished, no
+    predictions', 'finished, unreadable predictions <path>: <problem>', 'unreadable record <path>: <problem>' (a record
+    on disk that `read_record`, chapter 5, rejects: never shown as a missing run) or 'not yet run'. Raises
+    FileNotFoundError when `results_dir` is not a folder."""
+    from hkt_nb.lra.records import UnreadableRecordError, read_predictions, read_record
+    folder, rows = _results_folder(results_dir), []
     for task, models in expected.items():
         for model in models:
             for seed in seeds:
-                record = runs.get(run_name(task, model, preset, seed))
+                name = run_name(task, model, preset, seed)
+                record = runs.get(name)
                 if record is None:
                     status = "not yet run"
-                elif record.get("predictions_path") and (Path(results_dir) / record["predictions_path"]).exists():
+                    try:
+                        read_record(folder / f"{name}.json")
+                    except UnreadableRecordError as error:
+                        status = str(error)
+                    except OSError:
+                        pass
+                elif record.get("predictions_path") and (folder / record["predictions_path"]).exists():
                     status = "finished"
+                    try:
+                        read_predictions(folder / record["predictions_path"], record.get("n_test_evaluated"))
+                    except UnreadableRecordError as error:
+                        status = f"finished, {error}"
                 else:
                     status = "finished, no predictions"
                 rows.append({"task": task, "model": model, "seed": seed, "status": status,

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
+import math
 import os
+import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,14 +47,14 @@ from hkt_nb.lra.workspace import (  # noqa: F401 (FULL_TRAIN_SIZE, fetch_record,
 from .._checks import check_bool, check_choice, check_device, check_int
 from ..model import HKTClassifier, count_parameters
 from .benchmarks import absolute_path, load_task, make_dataloader, task_sizes
-from .checkpoints import atomic_save
+from .checkpoints import RunLockedError, atomic_save
 from .distributed import resolve_device
 from .loop import evaluate, train
-from .records import save_predictions
+from .records import read_record, save_predictions
 
 # %% auto #0
-__all__ = ['finished_run', 'load_or_train', 'check_experiment_parameters', 'Experiment', 'run_experiment', 'parse_args', 'main',
-           'predict_run']
+__all__ = ['finished_run', 'load_or_train', 'check_experiment_parameters', 'Experiment', 'run_experiment', 'parse_args',
+           'resume_command', 'main', 'predict_run']
 
 # %% ../../nbs/05b_runs.ipynb #57ce0bdd
 def finished_run(
@@ -65,12 +67,14 @@ def finished_run(
     """The results dict of a finished run of `preset` as it is today, read from
     `results_dir/<task>-<model>-<preset>-seed<k>.json`; None when there is none, or it is unfinished, or it does not
     conform to the preset (`conforms_to_preset`: a variant, or a preset that has changed since). Only
-    result-relevant fields are compared (`result_relevant`): execution options never make a run stale."""
+    result-relevant fields are compared (`result_relevant`): execution options never make a run stale. Raises
+    UnreadableRecordError (chapter 5, *Records*) naming the file when the record there is damaged: it is neither
+    reused nor silently trained over."""
     preset = get_preset(preset)
     path = absolute_path(results_dir) / f"{run_name(task, model, preset.name, seed)}.json"
     if not path.is_file():
         return None
-    record = json.loads(path.read_text())
+    record = read_record(path)
     if not record.get("complete") or "test_acc" not in record:
         return None
     return record if conforms_to_preset(record, preset) else None
@@ -229,6 +233,17 @@ def _int_at_least(minimum: int):
     return parse
 
 
+def _positive_seconds(text: str) -> float:
+    "An argparse type: a finite number of seconds > 0 (`-5`, `0`, `nan` and `inf` are rejected, never read as 'no budget')."
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     "Arguments of `hkt-train` (see `main`); every value given is honoured or rejected, and unset is None."
     parser = argparse.ArgumentParser(prog="hkt-train", description="Train an HKT or parameter-matched MHA classifier.")
@@ -253,7 +268,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                              'else fp16 with loss scaling on GPUs, float32 on CPUs; another value makes a variant)')
     parser.add_argument("--compile", default=None, action=argparse.BooleanOptionalAction,
                         help="torch.compile the model (default: on CUDA only; execution only, never changes results)")
-    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--time-budget", type=_positive_seconds, default=None, metavar="SECONDS",
                         help="stop cleanly between two steps after this many seconds (the run stays incomplete)")
     parser.add_argument("--threads", type=_int_at_least(1), default=None,
                         help="torch CPU threads (default: torch's choice; use 1 when other jobs share the cores)")
@@ -270,9 +285,18 @@ def _train_overrides(arguments: argparse.Namespace) -> dict:
     return {name: value for name, value in (("amp", arguments.amp), ("compile", arguments.compile)) if value is not None}
 
 
+def resume_command(argv) -> str:
+    "The `hkt-train` command line that resumes the run of `argv` (the same arguments, less `--no-resume`)."
+    return shlex.join(["hkt-train", *[a for a in argv if a != "--no-resume"]])
+
+
 def main(argv=None) -> None:
     """Console entry point `hkt-train --task listops --model hkt --preset cpu --seed 0 [--device ...] ...`.
-    Returns None, so that the process exits with status 0 (the results are in the JSON file)."""
+    Returns None (exit status 0) when the run trained; the results are in the JSON file. Exits with a one-line
+    message and a non-zero status when the call trained nothing (status 1: e.g. a time budget spent before the first
+    step), when another process is training the same run (1, `RunLockedError`), and on Ctrl-C (130, with the command
+    that resumes the run). Bad arguments exit with argparse's status 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     arguments = parse_args(argv)
     arguments.results_dir = str(absolute_path(arguments.results_dir) if arguments.results_dir else default_results_dir())
     print(f"hkt-train: results in {arguments.results_dir}", flush=True)
@@ -282,13 +306,25 @@ def main(argv=None) -> None:
         print(estimated_time(arguments.task, [arguments.model], arguments.preset, [arguments.seed], arguments.device,
                              arguments.results_dir), flush=True)
     try:
-        train(arguments.task, arguments.model, arguments.preset, arguments.seed, device=arguments.device,
-              data_dir=arguments.data_dir, results_dir=arguments.results_dir, checkpoint_dir=arguments.checkpoint_dir,
-              epochs=arguments.epochs, resume=not arguments.no_resume, time_budget_s=arguments.time_budget,
-              progress=False if arguments.no_progress else None, train_overrides=_train_overrides(arguments) or None)
+        record = train(arguments.task, arguments.model, arguments.preset, arguments.seed, device=arguments.device,
+                       data_dir=arguments.data_dir, results_dir=arguments.results_dir,
+                       checkpoint_dir=arguments.checkpoint_dir, epochs=arguments.epochs,
+                       resume=not arguments.no_resume, time_budget_s=arguments.time_budget,
+                       progress=False if arguments.no_progress else None,
+                       train_overrides=_train_overrides(arguments) or None)
+    except KeyboardInterrupt:
+        print(f"\nhkt-train: interrupted; every finished epoch is checkpointed, resume with: {resume_command(argv)}",
+              file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+    except RunLockedError as error:
+        raise SystemExit(f"hkt-train: {error}") from None
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+    if not record["complete"] and record.get("examples_this_call", 1) == 0:
+        budget = f" (--time-budget {arguments.time_budget:g} s)" if arguments.time_budget else ""
+        raise SystemExit(f"hkt-train: {record['run']}: nothing was trained: the run stopped before its first step"
+                         f"{budget}; give it a larger time budget")
 
 # %% ../../nbs/05b_runs.ipynb #e00e98c8
 def predict_run(
@@ -301,7 +337,7 @@ def predict_run(
     `test_acc` (else `RuntimeError`), write `predictions/<run>.npz` beside the JSON and add its path to the JSON.
     Returns the updated results dict. Raises ValueError for a run that saved no model."""
     results_path = Path(results_path)
-    record = json.loads(results_path.read_text())
+    record = read_record(results_path)
     if "model_path" not in record:
         raise ValueError(f"{results_path}: the run saved no model (save_model=False); it must be retrained")
     train_config = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in record["config"]["train"].items()})

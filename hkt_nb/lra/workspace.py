@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import configparser
-import json
 import os
 import shutil
 import urllib.request
@@ -52,10 +51,22 @@ def default_results_dir(
     return start / "results"
 
 # %% ../../nbs/05f_workspace.ipynb #45d4238d
+def _source_url(meta) -> str | None:
+    """The repository address in the package metadata `meta` (an `email.message.Message`, as
+    `importlib.metadata.metadata` gives): its `Project-URL: Source, <url>` entry (setup.py writes it from `git_url`).
+    Never `Home-page`: that is the book's site, not the repository."""
+    for entry in meta.get_all("Project-URL") or []:
+        label, _, url = entry.partition(",")
+        if label.strip().lower() == "source":
+            return url.strip()
+    return None
+
+
 def records_url() -> str:
-    """The base address of the committed records of this version: the raw files of `git_url` (settings.ini, or the
-    installed package's home page) at the tag `v<version>` of the package version (the release tag), folder results/.
-    Raises RuntimeError when neither names a GitHub repository."""
+    """The base address of the committed records of this version: the raw files of the repository at the tag
+    `v<version>` of the package version (the release tag), folder results/. The repository is `git_url` of
+    settings.ini inside a clone, else the `Source` entry of the installed package's `Project-URL` metadata (an
+    install from a wheel, e.g. on Colab). Raises RuntimeError when neither names a GitHub repository."""
     url = None
     root = _clone_root(Path(__file__).resolve().parent) if "__file__" in globals() else None
     if root is not None:
@@ -64,7 +75,7 @@ def records_url() -> str:
         url = parser.get("DEFAULT", "git_url", fallback=None)
     if url is None:
         try:
-            url = metadata.metadata("hkt_nb").get("Home-page")
+            url = _source_url(metadata.metadata("hkt_nb"))
         except metadata.PackageNotFoundError:
             url = None
     if not url or "github.com/" not in url:
@@ -103,9 +114,16 @@ FULL_TRAIN_SIZE = {"listops": LISTOPS_SETTINGS["paper"]["n_train"], "imdb": 22_5
 
 
 def _recorded_throughput(task: str, model: str, results_dir) -> tuple[float, dict] | None:
-    "(examples per second, model config) of a finished `cpu`-preset run of task and model in `results_dir`."
+    """(examples per second, model config) of a finished `cpu`-preset run of task and model in `results_dir`; a record
+    that cannot be read is skipped with a UserWarning naming it (an estimate never stops a run)."""
+    from hkt_nb.lra.records import UnreadableRecordError, read_record  # torch: only for an estimate
+
     for path in sorted(absolute_path(results_dir).glob(f"{task}-{model}-cpu-seed*.json")):
-        record = json.loads(path.read_text())
+        try:
+            record = read_record(path)
+        except (UnreadableRecordError, OSError) as error:
+            warnings.warn(f"time estimate: skipped {error}", stacklevel=2)
+            continue
         if record.get("complete") and record.get("train_examples_per_s"):
             return record["train_examples_per_s"], record["config"]["model"]
     return None
