@@ -114,3 +114,18 @@ def test_read_predictions_round_trip_and_every_kind_of_damage(tmp_path):
         read_predictions(path, n_expected=3)
     with pytest.raises(FileNotFoundError, match="missing.npz"):
         read_predictions(tmp_path / "missing.npz")
+
+
+def test_the_best_model_is_saved_as_safetensors_beside_its_pt_file(smoke_run):
+    "A run with save_model writes `pretrained/<run>/`, which loads to the same weights and logits as the `.pt` file."
+    from hkt_nb.model import HKTClassifier
+    folder, record = smoke_run
+    results = folder / "results"
+    assert record["pretrained_path"] == f"pretrained/{record['run']}"
+    pretrained = HKTClassifier.from_pretrained(results / record["pretrained_path"])
+    checkpoint = HKTClassifier.from_checkpoint(results / record["model_path"])
+    assert pretrained.state_dict().keys() == checkpoint.state_dict().keys()
+    assert all(torch.equal(v, checkpoint.state_dict()[k]) for k, v in pretrained.state_dict().items())
+    ids = torch.randint(1, pretrained.cfg.vocab_size, (2, 16))
+    assert torch.equal(pretrained(ids), checkpoint(ids))
+    assert f"{record['test_acc']:.4f}"[:4] in (results / record["pretrained_path"] / "README.md").read_text()

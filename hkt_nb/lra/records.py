@@ -24,8 +24,8 @@ from .config import RESULTS_VERSION, run_name, run_variant
 
 # %% auto #0
 __all__ = ['RECORD_KEYS', 'TEST_KEYS', 'run_record', 'announce', 'hardware_info', 'library_versions', 'hkt_internals',
-           'final_results', 'save_predictions', 'write_outputs', 'UnreadableRecordError', 'read_record',
-           'read_predictions', 'report_stop']
+           'final_results', 'save_predictions', 'write_outputs', 'save_best_pretrained', 'UnreadableRecordError',
+           'read_record', 'read_predictions', 'report_stop']
 
 # %% ../../nbs/05e_records.ipynb #c1666deb
 def run_record(run) -> dict:
@@ -128,6 +128,8 @@ def write_outputs(run, results: dict, predictions: np.ndarray) -> None:
         atomic_save({"config": run.model_config.to_dict(), "run": run.name, "best_epoch": run.best["epoch"],
                      "state_dict": {k: v.cpu() for k, v in run.best["state"].items()}}, model_path)
         results["model_path"] = str(Path("checkpoints") / f"{run.name}.pt")
+        results["pretrained_path"] = str(Path("pretrained") / run.name)
+        save_best_pretrained(run, results, run.results_dir / results["pretrained_path"])
     save_predictions(run.results_dir / "predictions" / f"{run.name}.npz", predictions,
                      np.asarray(run.splits["test"]["label"]))
     results["predictions_path"] = str(Path("predictions") / f"{run.name}.npz")
@@ -138,6 +140,15 @@ def write_outputs(run, results: dict, predictions: np.ndarray) -> None:
     if folder.exists() and not any(folder.iterdir()):
         folder.rmdir()
     run.show(f"{run.name}: record written to {run.results_dir / (run.name + '.json')}")
+
+def save_best_pretrained(run, results: dict, folder: Path) -> None:
+    """The best model as a safetensors folder (`model.safetensors`, `config.json`, a model card from `results`;
+    chapter 3a), beside its `.pt` file: what `HKTClassifier.from_pretrained(folder)` loads."""
+    from hkt_nb.model import HKTClassifier
+    model = HKTClassifier(run.model_config)
+    model.load_state_dict({k: v.cpu() for k, v in run.best["state"].items()})
+    model.save_pretrained(folder, record=results)
+
 
 # %% ../../nbs/05e_records.ipynb #2301e32c
 #: The keys a run record must have to be read (`run_record` writes them); a complete one also `TEST_KEYS`

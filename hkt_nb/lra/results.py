@@ -126,6 +126,10 @@ def copy_finished_runs(source_dir,  # a training folder's results/ (records, pre
             relative = record.get(key)
             if relative and (source_dir / relative).exists():
                 copy(source_dir / relative, dest_dir / relative)
+        relative = record.get("pretrained_path")  # the best model as a safetensors folder (chapter 3a)
+        if relative and (source_dir / relative).is_dir():
+            for file in sorted((source_dir / relative).iterdir()):
+                copy(file, dest_dir / relative / file.name)
         source, dest = source_dir / f"{name}.json", dest_dir / f"{name}.json"
         if not dest.exists() or dest.read_bytes() != source.read_bytes():
             copy(source, dest)
@@ -554,13 +558,15 @@ def run_grid(results_dir,  # folder holding the run records
              runs: dict,  # from `load_runs`
              preset: str,  # the preset
              expected: dict = EXPECTED_MODELS,  # {task: models}
-             seeds: tuple = SEEDS,  # the seeds expected
+             seeds: tuple | None = None,  # the seeds expected (None: the preset's own, `Preset.seeds`)
              ) -> list:
     """One dict per expected (task, model, seed): `status` and `test_acc`. The status is 'finished', 'finished, no
     predictions', 'finished, unreadable predictions <path>: <problem>', 'unreadable record <path>: <problem>' (a record
     on disk that `read_record`, chapter 5, rejects: never shown as a missing run) or 'not yet run'. Raises
     FileNotFoundError when `results_dir` is not a folder."""
+    from hkt_nb.lra.config import get_preset
     from hkt_nb.lra.records import UnreadableRecordError, read_predictions, read_record
+    seeds = get_preset(preset).seeds if seeds is None else seeds
     folder, rows = _results_folder(results_dir), []
     for task, models in expected.items():
         for model in models:

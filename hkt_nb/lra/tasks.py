@@ -53,7 +53,7 @@ class Task:
     models: tuple = ()  # the experiment arms compared on it (chapter 5), in the order of its tables
     pairs: tuple = ()  # the comparisons (A, B) of the results chapter; default: the first model against each other
     paper: dict = field(default_factory=dict)  # model -> (mean %, std %) as the paper reports them: reference only
-    baselines: dict = field(default_factory=dict)  # trivial baselines (name -> accuracy), once they exist
+    baselines: dict = field(default_factory=dict)  # trivial baselines: short name -> a name of `hkt_nb.lra.baselines.BASELINES` (chapter 4d)
     chapter: str | None = None  # the notebook that trains it ("06_listops"); None: not a benchmark of the book
     title: str = ""  # how the text names it
 

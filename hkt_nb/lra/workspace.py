@@ -10,6 +10,7 @@ import os
 import shutil
 import urllib.request
 import warnings
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import hkt_nb
 
 from .benchmarks import absolute_path, task_sizes
 from .config import Preset, build_config, get_preset
-from .listops import LISTOPS_SETTINGS
+from .tasks import TASKS
 
 # %% auto #0
 __all__ = ['FULL_TRAIN_SIZE', 'default_results_dir', 'records_url', 'fetch_record', 'estimate_seconds', 'estimated_time']
@@ -108,9 +109,17 @@ def fetch_record(
     return target
 
 # %% ../../nbs/05f_workspace.ipynb #2b17e48a
-#: Training examples of each task at full size (ListOps: the "paper" setting; IMDB and CIFAR-10: after the
-#: validation carve of chapter 4), the `paper` preset's data.
-FULL_TRAIN_SIZE = {"listops": LISTOPS_SETTINGS["paper"]["n_train"], "imdb": 22_500, "scifar10": 45_000}
+class _FullTrainSize(Mapping):
+    "task -> the size of its full training split (`Task.train_size`, chapter 4c), read from the task registry on every use."
+    def _sizes(self) -> dict:
+        return {name: task.train_size for name, task in TASKS.items() if task.train_size}
+
+    def __getitem__(self, name): return self._sizes()[name]
+    def __iter__(self): return iter(self._sizes())
+    def __len__(self): return len(self._sizes())
+
+
+FULL_TRAIN_SIZE = _FullTrainSize()
 
 
 def _recorded_throughput(task: str, model: str, results_dir) -> tuple[float, dict] | None:
