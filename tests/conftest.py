@@ -223,3 +223,10 @@ def committed_record():
     if not path.is_file():
         pytest.skip("no committed cpu run")
     return json.loads(path.read_text())
+
+
+@pytest.fixture
+def tmp_cache(tmp_path, monkeypatch):
+    "A fresh cache folder for the data pipeline (`HKT_CACHE_DIR`) for one test."
+    monkeypatch.setenv("HKT_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
