@@ -166,7 +166,7 @@ def planted_multiscale(T: int = 64, d_model: int = 8, rank: int = 8, n_levels: i
     """Planted multi-scale score target (approximation chapter, Prop. 4.4), float64.
 
     Returns a dict: X (T, d_model) = sum_l U_l E_l with E_l ~ N(0, 1) (T_l, d_model); Z: list of block means
-    Z_l (T_l, d_model); terms: list of U_l A*_l U_l^T (T, T) with A*_l = c_l Z_l B_l Z_l^T, rank B_l <= rank, and
+    Z_l (T_l, d_model); terms: list of U_l A*_l U_l^T (T, T) with A*_l = c_l Z_l F_l Z_l^T, rank F_l <= rank, and
     ||term_l||_F = C rho^l exactly; S_star = sum of terms. Raises `ValueError` if rho is not in (0, 1)."""
     if not 0 < rho < 1 or C <= 0:
         raise ValueError(f"need 0 < rho < 1 and C > 0, got rho={rho}, C={C}")
@@ -260,33 +260,33 @@ def fit_hkt_scores(layer: HierarchicalAttention,  # one head; its pyramid stays 
         return layer.scores(x).fused[0, 0], [math.sqrt(v) for v in history["loss"]]
 
 # %% ../../nbs/14_approximation.ipynb #b59639e9
-def gaussian_entropy(n: int, variance: float = 1.0) -> float:
-    "Differential entropy (nats) of N(0, variance I_n): (n/2) log(2 pi e variance)."
-    return 0.5 * n * math.log(2 * math.pi * math.e * variance)
+def gaussian_entropy(p: int, variance: float = 1.0) -> float:
+    "Differential entropy (nats) of N(0, variance I_p): (p/2) log(2 pi e variance)."
+    return 0.5 * p * math.log(2 * math.pi * math.e * variance)
 
 
-def student_t_entropy(n: int, nu: float) -> float:
-    """Differential entropy (nats) of the n-dimensional Student t with nu > 0 degrees of freedom, location 0,
-    scale matrix I: log[Gamma(nu/2) (nu pi)^{n/2} / Gamma((nu+n)/2)] + (nu+n)/2 [psi((nu+n)/2) - psi(nu/2)]."""
-    if n < 1 or nu <= 0:
-        raise ValueError(f"need n >= 1 and nu > 0, got {n}, {nu}")
-    a, c = torch.tensor((nu + n) / 2, dtype=torch.float64), torch.tensor(nu / 2, dtype=torch.float64)
-    return (math.lgamma(nu / 2) + 0.5 * n * math.log(nu * math.pi) - math.lgamma((nu + n) / 2)
-            + (nu + n) / 2 * (torch.special.digamma(a) - torch.special.digamma(c)).item())
+def student_t_entropy(p: int, nu: float) -> float:
+    """Differential entropy (nats) of the p-dimensional Student t with nu > 0 degrees of freedom, location 0,
+    scale matrix I: log[Gamma(nu/2) (nu pi)^{p/2} / Gamma((nu+p)/2)] + (nu+p)/2 [psi((nu+p)/2) - psi(nu/2)]."""
+    if p < 1 or nu <= 0:
+        raise ValueError(f"need p >= 1 and nu > 0, got {p}, {nu}")
+    a, c = torch.tensor((nu + p) / 2, dtype=torch.float64), torch.tensor(nu / 2, dtype=torch.float64)
+    return (math.lgamma(nu / 2) + 0.5 * p * math.log(nu * math.pi) - math.lgamma((nu + p) / 2)
+            + (nu + p) / 2 * (torch.special.digamma(a) - torch.special.digamma(c)).item())
 
 
-def student_t_negentropy(n: int, nu: float) -> float:
-    "Exact negentropy (nats) of the n-dim Student t (scale I, nu > 2): h(Gaussian, cov nu/(nu-2) I) - h(t)."
+def student_t_negentropy(p: int, nu: float) -> float:
+    "Exact negentropy (nats) of the p-dim Student t (scale I, nu > 2): h(Gaussian, cov nu/(nu-2) I) - h(t)."
     if nu <= 2:
         raise ValueError(f"the covariance exists only for nu > 2, got {nu}")
-    return gaussian_entropy(n, nu / (nu - 2)) - student_t_entropy(n, nu)
+    return gaussian_entropy(p, nu / (nu - 2)) - student_t_entropy(p, nu)
 
 
-def student_t_mardia(n: int, nu: float) -> float:
-    "Mardia's kurtosis of the n-dim Student t: n(n+2)(nu-2)/(nu-4), finite for nu > 4."
+def student_t_mardia(p: int, nu: float) -> float:
+    "Mardia's kurtosis of the p-dim Student t: p(p+2)(nu-2)/(nu-4), finite for nu > 4."
     if nu <= 4:
         raise ValueError(f"the fourth moment exists only for nu > 4, got {nu}")
-    return n * (n + 2) * (nu - 2) / (nu - 4)
+    return p * (p + 2) * (nu - 2) / (nu - 4)
 
 
 def rate_distortion_sandwich(rate: float, n: int, negentropy: float, variance: float = 1.0) -> tuple[float, float]:
