@@ -15,8 +15,8 @@ from ._checks import check_heads, check_int
 from .downsampling import level_lengths
 
 # %% auto #0
-__all__ = ['score_cost_ratio', 'score_flops', 'mha_flops', 'hkt_flops', 'count_flops', 'flop_counter_excess',
-           'saved_tensor_bytes']
+__all__ = ['score_cost_ratio', 'score_excess_bound', 'score_flops', 'mha_flops', 'hkt_flops', 'count_flops',
+           'flop_counter_excess', 'saved_tensor_bytes']
 
 # %% ../nbs/10_cost.ipynb #1fcd26af
 def score_cost_ratio(
@@ -29,6 +29,18 @@ def score_cost_ratio(
     Raises `TypeError` / `ValueError` if `n_levels < 1` or `stride < 2`."""
     check_int("n_levels", n_levels, 1), check_int("stride", stride, 2)
     return (1 - stride ** (-2 * n_levels)) / (1 - stride**-2)
+
+
+def score_excess_bound(
+    T: int,  # sequence length T >= 1
+    n_levels: int,  # number of levels L >= 1
+    stride: int = 2,  # stride s >= 2
+) -> float:  # dimensionless
+    """Tight bound on the excess of the exact score-cost ratio $\sum_{l<L} \lceil T/s^l\rceil^2/T^2$ over
+    `score_cost_ratio`: $\sum_{l=1}^{L-1} [2(1 - s^{-l})s^{-l}/T + (1 - s^{-l})^2/T^2]$, attained iff
+    $T \equiv 1 \pmod{s^{L-1}}$ (derived in this chapter). Raises `TypeError` / `ValueError` for T < 1, L < 1, s < 2."""
+    check_int("T", T, 1), check_int("n_levels", n_levels, 1), check_int("stride", stride, 2)
+    return sum(2 * (1 - stride**-l) * stride**-l / T + (1 - stride**-l) ** 2 / T**2 for l in range(1, n_levels))
 
 # %% ../nbs/10_cost.ipynb #62cdda07
 def score_flops(

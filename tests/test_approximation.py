@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from hkt_nb.attention import HierarchicalAttention, upsample_index, upsample_scores
-from hkt_nb.theory.approximation import (averaging_pyramid_, best_hierarchical_approximation, best_level_approximation,
+from hkt_nb.theory.approximation import (absorbing_start, averaging_pyramid_, best_hierarchical_approximation, best_level_approximation,
                                          block_summary_errors, error_decomposition, excess_kurtosis, fit_hkt_scores,
                                          gaussian_entropy, geometric_tail_bound, hierarchical_search_path,
-                                         bilinear_score_kurtosis, kurtosis_negentropy, kurtosis_report, mardia_effect_size,
+                                         bilinear_score_kurtosis, kurtosis_negentropy, kurtosis_report, mardia_effect_size, mardia_gaussian_effect,
                                          negentropy_validity, mardia_gaussian_value, mardia_kurtosis,
                                          mardia_z, planted_multiscale, pyramid_tokens, rank_lower_bound,
                                          rate_distortion_sandwich, student_t_entropy, student_t_mardia,
@@ -282,3 +282,30 @@ def test_kurtosis_approximation_thresholds_issue_values():
         return kurtosis_negentropy(student_t_mardia(n, nu), n, warn=False) / student_t_negentropy(n, nu)
     assert abs(ratio(1, 50) - 1.135) < 1e-3
     assert ratio(1, 65) > 1.10 > ratio(1, 66)
+
+
+@pytest.mark.parametrize("L", [4, 5])
+def test_coarsest_level_absorbs_coarser_planted_levels_exactly(L):
+    """Prop. 4.4, sharper form: T_{L-1} <= d makes the infimum over I_L exactly 0; the search finds it."""
+    P = planted_multiscale(64, 8, rank=8, n_levels=6, C=10.0, rho=0.5, seed=0)
+    start = absorbing_start(P["terms"], L, 8, tokens=P["Z"])
+    assert len(start) == L and (P["S_star"] - sum(start)).norm() < 1e-9 * P["S_star"].norm()
+    path = hierarchical_search_path(P["S_star"], L, 8, tokens=P["Z"], starts=P["terms"], sweeps=2)
+    assert path[L - 1][2] < 1e-9 * P["S_star"].norm().item()
+    # below the threshold (T_{L-1} = 16 > d at L = 3) the absorbing start is not exact
+    assert (P["S_star"] - sum(absorbing_start(P["terms"], 3, 8, tokens=P["Z"]))).norm() > 1e-3
+    with pytest.raises(ValueError):
+        absorbing_start(P["terms"], 7, 8)
+
+
+def test_gaussian_sample_effect_size_bias_monte_carlo():
+    """E e = (n - d - 1)/(n + 1) for Gaussian samples (Mardia's E b = d(d+2)(n-1)/(n+1))."""
+    g = torch.Generator().manual_seed(5)
+    for n, d, reps in ((12, 5, 8000), (60, 8, 1500)):
+        e = torch.tensor([mardia_effect_size(mardia_kurtosis(torch.randn(n, d, generator=g, dtype=f64)), d)
+                          for _ in range(reps)])
+        assert abs(e.mean().item() - mardia_gaussian_effect(n, d)) < 5 * e.std().item() / reps**0.5
+    assert mardia_gaussian_effect(12, 5) == pytest.approx(6 / 13)
+    assert kurtosis_report(torch.randn(40, 3, dtype=f64))["gaussian_sample_effect"] == pytest.approx(36 / 41)
+    with pytest.raises(ValueError):
+        mardia_gaussian_effect(5, 5)

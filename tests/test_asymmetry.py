@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from hkt_nb.attention import HierarchicalAttention, upsample_index, upsample_scores
-from hkt_nb.theory.asymmetry import (centre_rows, form_reciprocity, iid_reciprocity_reference, lag_profile, level_reciprocity,
-                                     reciprocity, reciprocity_ratio, set_level_antisymmetric, set_level_symmetric,
+from hkt_nb.theory.asymmetry import (centre_rows, double_centre, form_reciprocity, key_share, level_key_share, iid_reciprocity_reference, lag_profile, level_reciprocity,
+                                     reciprocity, reciprocity_parts, reciprocity_ratio, set_level_antisymmetric, set_level_symmetric,
                                      sym_antisym_split)
 from hkt_nb.theory.kernel import hierarchical_gram, tie_keys_to_queries
 
@@ -41,11 +41,11 @@ def test_symmetric_condition_layer_has_reciprocity_one_and_antisymmetric_zero():
     layer = tie_keys_to_queries(HierarchicalAttention(16, 2, 3, 2).double())
     x = torch.randn(3, 21, 16, dtype=f64)
     kpm = torch.arange(21)[None] >= torch.tensor([[21], [15], [4]])
-    torch.testing.assert_close(reciprocity(layer, x, kpm, centred=False), torch.ones(2, 3, dtype=f64))
+    torch.testing.assert_close(reciprocity(layer, x, kpm, centring="none"), torch.ones(2, 3, dtype=f64))
     set_level_antisymmetric(layer, 2)
-    r = reciprocity(layer, x, kpm, centred=False)
+    r = reciprocity(layer, x, kpm, centring="none")
     assert r[:, 2].abs().max() < 1e-20 and torch.allclose(r[:, :2], torch.ones(2, 2, dtype=f64))
-    assert form_reciprocity(layer, centred=False)[:, 2].abs().max() < 1e-20
+    assert form_reciprocity(layer, drop_key_constant=False)[:, 2].abs().max() < 1e-20
     # fused antisymmetric part = sum of the per-level ones (only level 2 contributes)
     S, grams = hierarchical_gram(layer, x, 1, kpm, return_levels=True)
     i, v = upsample_index(21, 2, 2)
@@ -58,7 +58,7 @@ def test_random_layer_reciprocity_strictly_between_and_set_symmetric():
     r = reciprocity(layer, torch.randn(2, 16, 16, dtype=f64))
     assert ((r > 0) & (r < 1)).all()
     set_level_symmetric(layer, 1)
-    assert torch.allclose(form_reciprocity(layer, centred=False)[:, 1], torch.ones(2, dtype=f64))
+    assert torch.allclose(form_reciprocity(layer, drop_key_constant=False)[:, 1], torch.ones(2, dtype=f64))
     with pytest.raises(ValueError):
         set_level_antisymmetric(HierarchicalAttention(6, 2, 2), 0)  # odd head width
 
@@ -78,7 +78,7 @@ def test_centred_reciprocity_invariant_to_any_row_constant_with_padding():
     shifted = shifted.masked_fill(kpm[:, None, None, :], -7.0)  # padded keys changed as well
     torch.testing.assert_close(centre_rows(shifted, kpm), centre_rows(scores, kpm), rtol=0, atol=1e-12)
     torch.testing.assert_close(level_reciprocity(shifted, kpm), level_reciprocity(scores, kpm), rtol=0, atol=1e-12)
-    assert (level_reciprocity(shifted, kpm, centred=False) - level_reciprocity(scores, kpm, centred=False)).abs().min() > 0.01
+    assert (level_reciprocity(shifted, kpm, "none") - level_reciprocity(scores, kpm, "none")).abs().min() > 0.01
     # the centred rows have zero mean over real keys and zero padded columns
     c = centre_rows(scores, kpm)
     assert c.masked_fill(kpm[:, None, None, :], 0).sum(-1).abs().max() < 1e-12
@@ -94,14 +94,14 @@ def test_layer_reciprocity_invariant_to_key_bias_which_adds_row_constants():
     layer = HierarchicalAttention(16, 2, 3, 2).double()
     x = torch.randn(3, 21, 16, dtype=f64)
     kpm = torch.arange(21)[None] >= torch.tensor([[21], [15], [5]])
-    before, raw_before = reciprocity(layer, x, kpm), reciprocity(layer, x, kpm, centred=False)
+    before, raw_before = reciprocity(layer, x, kpm), reciprocity(layer, x, kpm, centring="none")
     attn_before = layer.scores(x, kpm).attention
     with torch.no_grad():
         for k in layer.k_proj:  # q_i . b_K and b_Q . b_K do not depend on the key
             k.bias.add_(3 * torch.randn_like(k.bias))
     torch.testing.assert_close(layer.scores(x, kpm).attention, attn_before, rtol=0, atol=1e-12)  # softmax unchanged
     torch.testing.assert_close(reciprocity(layer, x, kpm), before, rtol=0, atol=1e-12)
-    assert (reciprocity(layer, x, kpm, centred=False) - raw_before).abs().max() > 1e-3
+    assert (reciprocity(layer, x, kpm, centring="none") - raw_before).abs().max() > 1e-3
 
 
 def test_iid_reference_against_monte_carlo():
@@ -109,9 +109,53 @@ def test_iid_reference_against_monte_carlo():
     g = torch.Generator().manual_seed(1)
     kpm = torch.arange(16)[None] >= torch.tensor(sizes)[:, None]
     draws = torch.randn(600, 3, 1, 16, 16, dtype=f64, generator=g)
-    for centred in (True, False):
-        est = torch.stack([level_reciprocity(d, kpm, centred) for d in draws]).mean().item()
-        assert abs(est - iid_reciprocity_reference(sizes, centred)) < 6e-3  # about 5 standard errors
-    assert iid_reciprocity_reference([32]) == pytest.approx(33 / 64)
+    for centring in ("double", "rows", "none"):
+        est = torch.stack([level_reciprocity(d, kpm, centring) for d in draws]).mean().item()
+        assert abs(est - iid_reciprocity_reference(sizes, centring)) < 6e-3  # about 5 standard errors
+    assert iid_reciprocity_reference([32], "rows") == pytest.approx(33 / 64)
+    assert iid_reciprocity_reference([32]) == pytest.approx(32 / 62)
+    with pytest.raises(ValueError):
+        iid_reciprocity_reference([5], "columns")
     with pytest.raises(ValueError):
         iid_reciprocity_reference([1, 5])
+
+
+def test_decomposition_of_row_centred_reciprocity_into_invariant_and_key_only_parts():
+    """Prop. 3.6 (vii): r(G Pi) = (1 - sigma) r(Pi G Pi) + sigma / 2 exactly; Pi G Pi ignores row and column constants."""
+    g = torch.Generator().manual_seed(3)
+    scores = torch.randn(4, 3, 9, 9, dtype=f64, generator=g) + 2 * torch.randn(4, 3, 1, 9, dtype=f64, generator=g)
+    kpm = torch.arange(9)[None] >= torch.tensor([[9], [6], [3], [2]])
+    sigma = level_key_share(scores, kpm)
+    assert ((sigma > 0.05) & (sigma < 1)).all()
+    torch.testing.assert_close(level_reciprocity(scores, kpm, "rows"),
+                               (1 - sigma) * level_reciprocity(scores, kpm) + sigma / 2, rtol=0, atol=1e-12)
+    both = scores + 5 * torch.randn(4, 3, 9, 1, dtype=f64, generator=g) + 5 * torch.randn(4, 3, 1, 9, dtype=f64, generator=g)
+    torch.testing.assert_close(double_centre(both, kpm), double_centre(scores, kpm), rtol=0, atol=1e-11)
+    dc = double_centre(scores, kpm)  # zero row and column sums over real tokens, zero padded rows and columns
+    assert dc.sum(-1).abs().max() < 1e-12 and dc.sum(-2).abs().max() < 1e-12
+    assert dc.masked_select(kpm[:, None, :, None].expand_as(dc)).abs().max() == 0
+    # the key-only part alone: r = (1 + t)^2 / (2 (1 + t^2)) after the invisible shift t b 1^T
+    b = torch.tensor([1.0, -2.0, 0.5, 0.5], dtype=f64)
+    for t in (-1.0, -0.3, 0.0, 2.0):
+        K = torch.ones(4, 1, dtype=f64) * b + t * b[:, None]
+        assert reciprocity_ratio(K).item() == pytest.approx((1 + t) ** 2 / (2 * (1 + t**2)), abs=1e-12)
+
+
+def test_layer_parts_consistent_and_invariant_measure_keeps_prop_iii():
+    torch.manual_seed(1)
+    layer = HierarchicalAttention(16, 2, 3, 2).double()
+    x = torch.randn(3, 21, 16, dtype=f64)
+    kpm = torch.arange(21)[None] >= torch.tensor([[21], [15], [5]])
+    parts = reciprocity_parts(layer, x, kpm)
+    torch.testing.assert_close(parts["invariant"], reciprocity(layer, x, kpm), rtol=0, atol=0)
+    torch.testing.assert_close(parts["key_share"], key_share(layer, x, kpm), rtol=0, atol=0)
+    sig = parts["key_share"]
+    torch.testing.assert_close(parts["rows"], (1 - sig) * parts["invariant"] + sig / 2, rtol=0, atol=1e-12)
+    set_level_symmetric(layer, 0)
+    set_level_antisymmetric(layer, 1)
+    r = reciprocity(layer, x, kpm)
+    torch.testing.assert_close(r[:, 0], torch.ones(2, dtype=f64))
+    assert r[:, 1].abs().max() < 1e-20
+    assert (reciprocity(layer, x, kpm, "rows")[:, 1] > 0.01).all()  # the row-centred measure loses (iii)
+    with pytest.raises(ValueError):
+        reciprocity(layer, x, kpm, "columns")

@@ -151,6 +151,26 @@ def test_mean_plus_difference_layer_is_exact(n_levels, stride, k):
         mean_plus_difference_layer(5, conv_kernel_size=1)
 
 
+@pytest.mark.parametrize("n_levels,stride", [(1, 2), (3, 2), (2, 3)])
+def test_causal_witness_layer_is_exact_and_not_time_invariant(n_levels, stride):
+    x = torch.randn(3, 11, 5, dtype=f64)
+    layer = mean_plus_difference_layer(5, n_levels, stride, causal=True).double()
+    for impl in ("fused", "explicit"):
+        torch.testing.assert_close(layer(x, impl=impl), mean_plus_difference(x, causal=True), rtol=0, atol=1e-12)
+    # known answer: causal means 1, 1.5, 3 plus differences 1, 1, 4
+    x1 = torch.tensor([[[1.0], [2.0], [6.0]]], dtype=f64)
+    torch.testing.assert_close(mean_plus_difference(x1, causal=True), torch.tensor([[[2.0], [2.5], [7.0]]], dtype=f64))
+    # causality: changing the future leaves the past alone
+    later = x.clone()
+    later[:, 7:] += 1.0
+    torch.testing.assert_close(layer(later)[:, :7], layer(x)[:, :7], rtol=0, atol=1e-12)
+    # not time-invariant: the lag-2 coefficient is 1/3 at t = 2 and 1/4 at t = 3 (a convolution would give one value)
+    e0, e1 = torch.zeros(1, 6, 1, dtype=f64), torch.zeros(1, 6, 1, dtype=f64)
+    e0[0, 0], e1[0, 1] = 1.0, 1.0
+    assert layer(e0.expand(1, 6, 5).clone())[0, 2, 0].item() == pytest.approx(1 / 3, abs=1e-12)
+    assert layer(e1.expand(1, 6, 5).clone())[0, 3, 0].item() == pytest.approx(1 / 4, abs=1e-12)
+
+
 def test_single_head_attention_sign_obstruction():
     """The proof's two probes: any single-head attention has o_t = a_{t,j} x_j M on one-token inputs, so the
     responses to x_{t-1} and to x_t have the same sign along any direction; f needs opposite signs."""
@@ -217,6 +237,8 @@ def test_from_mha_gradients_at_the_converted_point():
         assert q.weight.grad[~kept_q].abs().max() > 1e-6 and k.weight.grad[kept_q].abs().max() > 1e-6
     for p in (layer.gate_logits, layer.value_conv.weight, layer.level_logits, layer.q_proj[0].weight):
         assert p.grad.abs().max() > 1e-6
+    pyramid = {id(p) for p in layer.pyramid.parameters()}  # the narrowed claim: every tensor outside the pyramid moves
+    assert all((p.grad.abs() > 0).any() for p in layer.parameters() if id(p) not in pyramid)
 
 
 def test_adamw_decay_opens_a_closed_gate():

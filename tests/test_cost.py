@@ -10,6 +10,7 @@ from hkt_nb.cost import (
     mha_flops,
     saved_tensor_bytes,
     score_cost_ratio,
+    score_excess_bound,
     score_flops,
 )
 
@@ -80,3 +81,19 @@ def test_bad_inputs():
         hkt_flops(1, 10, 10, 3)
     with pytest.raises(ValueError):
         mha_flops(1, 10, 8, 2, impl="flash")
+
+
+def test_score_excess_bound_is_tight_and_attained():
+    """Ch. 10: the excess of the exact ratio over the series is at most the bound, with equality iff T = 1 mod s^(L-1)."""
+    for s in (2, 3):
+        for L in range(2, 5):
+            for T in range(1, 200):
+                excess = score_flops(T, 1, L, s) / score_flops(T, 1, 1, s) - score_cost_ratio(L, s)
+                bound = score_excess_bound(T, L, s)
+                assert -1e-12 <= excess <= bound + 1e-12
+                if T % s ** (L - 1) == 1:
+                    assert abs(excess - bound) < 1e-12
+    assert score_excess_bound(64, 1) == 0.0
+    assert score_excess_bound(5, 2) == pytest.approx(2 * 0.5 * 0.5 / 5 + 0.25 / 25)  # T_1 = 3 = 5/2 + 1/2
+    with pytest.raises(ValueError):
+        score_excess_bound(0, 3)

@@ -17,12 +17,12 @@ from .probes import ProbeTraining, train_probe
 
 # %% auto #0
 __all__ = ['error_decomposition', 'upsample_matrix', 'best_level_approximation', 'best_hierarchical_approximation',
-           'rank_lower_bound', 'hierarchical_search_path', 'planted_multiscale', 'geometric_tail_bound', 'block_matrix',
-           'block_summary_errors', 'averaging_pyramid_', 'pyramid_tokens', 'fit_hkt_scores', 'gaussian_entropy',
-           'student_t_entropy', 'student_t_negentropy', 'student_t_mardia', 'rate_distortion_sandwich',
-           'mardia_kurtosis', 'mardia_gaussian_value', 'mardia_z', 'excess_kurtosis', 'mardia_effect_size',
-           'bilinear_score_kurtosis', 'negentropy_validity', 'kurtosis_negentropy', 'kurtosis_report',
-           'attention_vectors']
+           'rank_lower_bound', 'hierarchical_search_path', 'absorbing_start', 'planted_multiscale',
+           'geometric_tail_bound', 'block_matrix', 'block_summary_errors', 'averaging_pyramid_', 'pyramid_tokens',
+           'fit_hkt_scores', 'gaussian_entropy', 'student_t_entropy', 'student_t_negentropy', 'student_t_mardia',
+           'rate_distortion_sandwich', 'mardia_kurtosis', 'mardia_gaussian_value', 'mardia_z', 'excess_kurtosis',
+           'mardia_effect_size', 'mardia_gaussian_effect', 'bilinear_score_kurtosis', 'negentropy_validity',
+           'kurtosis_negentropy', 'kurtosis_report', 'attention_vectors']
 
 # %% ../../nbs/14_approximation.ipynb #2739e524
 def error_decomposition(S_star: torch.Tensor,  # target scores (..., T, T)
@@ -123,12 +123,16 @@ def hierarchical_search_path(S: torch.Tensor,  # target (T, T)
     """Upper bounds on the infimum of ||S - sum_{l<L} U_l B_l U_l^T||_F for L = 1..max_levels that are monotone in L.
 
     For each L, block-coordinate descent (`best_hierarchical_approximation`) is warm-started from the solution for
-    L - 1 plus a zero level (feasible for L, so the error cannot rise with L) and, if given, from `starts[:L]`;
-    the better result is kept. Returns a list of (approximation (T, T), terms, error), index L - 1."""
+    L - 1 plus a zero level (feasible for L, so the error cannot rise with L) and, if given, from `starts[:L]` and from
+    the **absorbing start** `absorbing_start(starts, L, ...)` (the planted levels 0..L-2 and the best level-(L-1) fit of
+    all coarser planted levels together: exact, error 0, once T_{L-1} <= rank, Prop. 4.4 (sharper form));
+    the best result is kept. Returns a list of (approximation (T, T), terms, error), index L - 1."""
     path, previous = [], []
     for L in range(1, max_levels + 1):
         level_tokens = None if tokens is None else tokens[:L]
-        inits = [previous + [torch.zeros_like(S)]] + ([] if starts is None else [list(starts[:L])])
+        inits = [previous + [torch.zeros_like(S)]]
+        if starts is not None:
+            inits += [list(starts[:L]), absorbing_start(starts, L, rank, stride, tokens)]
         best = None
         for init in inits:
             approx, terms, errors = best_hierarchical_approximation(S, L, rank, stride, level_tokens, init, sweeps)
@@ -138,13 +142,31 @@ def hierarchical_search_path(S: torch.Tensor,  # target (T, T)
         previous = best[1]
     return path
 
+
+def absorbing_start(terms: list,  # planted level terms (T, T), finest first
+                    n_levels: int,  # levels L of the class
+                    rank: int,  # per-level rank d
+                    stride: int = 2,  # stride s
+                    tokens: list | None = None,  # per-level tokens (T_l, D): the realisable class
+                    ) -> list:
+    """L terms: `terms[:L-1]` and the exact best level-(L-1) fit (`best_level_approximation`) of
+    `sum(terms[L-1:])`, the coarsest retained level absorbing every coarser planted level (the blocks are nested).
+    It is an element of the class whenever the planted terms are, and it equals the whole target when
+    T_{L-1} <= rank (and, with tokens, [tokens[L-1], 1] has rank T_{L-1}): Prop. 4.4, sharper form.
+    Raises `ValueError` unless 1 <= n_levels <= len(terms)."""
+    if not 1 <= n_levels <= len(terms):
+        raise ValueError(f"need 1 <= n_levels <= {len(terms)} planted terms, got {n_levels}")
+    coarse = sum(terms[n_levels - 1:])
+    last = best_level_approximation(coarse, n_levels - 1, rank, stride, None if tokens is None else tokens[n_levels - 1])
+    return [t.clone() for t in terms[:n_levels - 1]] + [last]
+
 # %% ../../nbs/14_approximation.ipynb #de954157
 def planted_multiscale(T: int = 64, d_model: int = 8, rank: int = 8, n_levels: int = 6, C: float = 10.0,
                        rho: float = 0.5, stride: int = 2, seed: int = 0) -> dict:
     """Planted multi-scale score target (approximation chapter, Prop. 4.4), float64.
 
     Returns a dict: X (T, d_model) = sum_l U_l E_l with E_l ~ N(0, 1) (T_l, d_model); Z: list of block means
-    Z_l (T_l, d_model); terms: list of U_l A*_l U_l^T (T, T) with A*_l = c_l Z_l B_l Z_l^T, rank B_l <= rank, and
+    Z_l (T_l, d_model); terms: list of U_l A*_l U_l^T (T, T) with A*_l = c_l Z_l F_l Z_l^T, rank F_l <= rank, and
     ||term_l||_F = C rho^l exactly; S_star = sum of terms. Raises `ValueError` if rho is not in (0, 1)."""
     if not 0 < rho < 1 or C <= 0:
         raise ValueError(f"need 0 < rho < 1 and C > 0, got rho={rho}, C={C}")
@@ -238,33 +260,33 @@ def fit_hkt_scores(layer: HierarchicalAttention,  # one head; its pyramid stays 
         return layer.scores(x).fused[0, 0], [math.sqrt(v) for v in history["loss"]]
 
 # %% ../../nbs/14_approximation.ipynb #b59639e9
-def gaussian_entropy(n: int, variance: float = 1.0) -> float:
-    "Differential entropy (nats) of N(0, variance I_n): (n/2) log(2 pi e variance)."
-    return 0.5 * n * math.log(2 * math.pi * math.e * variance)
+def gaussian_entropy(p: int, variance: float = 1.0) -> float:
+    "Differential entropy (nats) of N(0, variance I_p): (p/2) log(2 pi e variance)."
+    return 0.5 * p * math.log(2 * math.pi * math.e * variance)
 
 
-def student_t_entropy(n: int, nu: float) -> float:
-    """Differential entropy (nats) of the n-dimensional Student t with nu > 0 degrees of freedom, location 0,
-    scale matrix I: log[Gamma(nu/2) (nu pi)^{n/2} / Gamma((nu+n)/2)] + (nu+n)/2 [psi((nu+n)/2) - psi(nu/2)]."""
-    if n < 1 or nu <= 0:
-        raise ValueError(f"need n >= 1 and nu > 0, got {n}, {nu}")
-    a, c = torch.tensor((nu + n) / 2, dtype=torch.float64), torch.tensor(nu / 2, dtype=torch.float64)
-    return (math.lgamma(nu / 2) + 0.5 * n * math.log(nu * math.pi) - math.lgamma((nu + n) / 2)
-            + (nu + n) / 2 * (torch.special.digamma(a) - torch.special.digamma(c)).item())
+def student_t_entropy(p: int, nu: float) -> float:
+    """Differential entropy (nats) of the p-dimensional Student t with nu > 0 degrees of freedom, location 0,
+    scale matrix I: log[Gamma(nu/2) (nu pi)^{p/2} / Gamma((nu+p)/2)] + (nu+p)/2 [psi((nu+p)/2) - psi(nu/2)]."""
+    if p < 1 or nu <= 0:
+        raise ValueError(f"need p >= 1 and nu > 0, got {p}, {nu}")
+    a, c = torch.tensor((nu + p) / 2, dtype=torch.float64), torch.tensor(nu / 2, dtype=torch.float64)
+    return (math.lgamma(nu / 2) + 0.5 * p * math.log(nu * math.pi) - math.lgamma((nu + p) / 2)
+            + (nu + p) / 2 * (torch.special.digamma(a) - torch.special.digamma(c)).item())
 
 
-def student_t_negentropy(n: int, nu: float) -> float:
-    "Exact negentropy (nats) of the n-dim Student t (scale I, nu > 2): h(Gaussian, cov nu/(nu-2) I) - h(t)."
+def student_t_negentropy(p: int, nu: float) -> float:
+    "Exact negentropy (nats) of the p-dim Student t (scale I, nu > 2): h(Gaussian, cov nu/(nu-2) I) - h(t)."
     if nu <= 2:
         raise ValueError(f"the covariance exists only for nu > 2, got {nu}")
-    return gaussian_entropy(n, nu / (nu - 2)) - student_t_entropy(n, nu)
+    return gaussian_entropy(p, nu / (nu - 2)) - student_t_entropy(p, nu)
 
 
-def student_t_mardia(n: int, nu: float) -> float:
-    "Mardia's kurtosis of the n-dim Student t: n(n+2)(nu-2)/(nu-4), finite for nu > 4."
+def student_t_mardia(p: int, nu: float) -> float:
+    "Mardia's kurtosis of the p-dim Student t: p(p+2)(nu-2)/(nu-4), finite for nu > 4."
     if nu <= 4:
         raise ValueError(f"the fourth moment exists only for nu > 4, got {nu}")
-    return n * (n + 2) * (nu - 2) / (nu - 4)
+    return p * (p + 2) * (nu - 2) / (nu - 4)
 
 
 def rate_distortion_sandwich(rate: float, n: int, negentropy: float, variance: float = 1.0) -> tuple[float, float]:
@@ -320,6 +342,17 @@ def mardia_effect_size(b: float, d: int) -> float:
     return (b - d * d) / (2 * d)
 
 
+def mardia_gaussian_effect(n: int,  # sample size
+                           d: int,  # dimension
+                           ) -> float:
+    """Expected effect size of a Gaussian sample of n points in d dimensions, $\\mathbb E\\, e = (n - d - 1)/(n + 1)$,
+    from Mardia's $\\mathbb E\\, b_{2,d} = d(d+2)(n-1)/(n+1)$ (chapter 14): below 1 for every finite n, so a sample's
+    e is compared with this value, not with 1. Raises `ValueError` unless n > d >= 1."""
+    if d < 1 or n <= d:
+        raise ValueError(f"need n > d >= 1, got n={n}, d={d}")
+    return (n - d - 1) / (n + 1)
+
+
 def bilinear_score_kurtosis(W: torch.Tensor,  # a fixed bilinear form W = W_Q W_K^T, (D, D)
                             ) -> float:
     """Kurtosis of the score $s = x^\\top W y$ for independent $x, y \\sim N(0, I_D)$ and fixed W (chapter 14):
@@ -373,13 +406,15 @@ def kurtosis_negentropy(b: float,  # Mardia's kurtosis b_{2,d}
 
 def kurtosis_report(x: torch.Tensor) -> dict:
     """Every normalisation of Mardia's kurtosis of x (n, d), so that no reading depends on a hidden convention:
-    b (= b_{2,d}), gaussian (= d(d+2)), effect_size (= (b - d^2)/(2d): 0 on an ellipsoid, 1 Gaussian), b_over_d,
+    b (= b_{2,d}), gaussian (= d(d+2)), effect_size (= (b - d^2)/(2d): 0 on an ellipsoid, 1 Gaussian population),
+    gaussian_sample_effect (= (n - d - 1)/(n + 1), its expectation for a Gaussian sample of this size), b_over_d,
     b_over_gaussian, z, mean and max per-coordinate excess kurtosis, the negentropy approximation (nats, no warning)
     and negentropy_in_range (whether b is where that approximation was checked, `negentropy_validity`)."""
     n, d = x.shape
     b = mardia_kurtosis(x)
     ek = excess_kurtosis(x)
-    return dict(n=n, d=d, b=b, gaussian=mardia_gaussian_value(d), effect_size=mardia_effect_size(b, d), b_over_d=b / d,
+    return dict(n=n, d=d, b=b, gaussian=mardia_gaussian_value(d), effect_size=mardia_effect_size(b, d),
+                gaussian_sample_effect=mardia_gaussian_effect(n, d), b_over_d=b / d,
                 b_over_gaussian=b / mardia_gaussian_value(d), z=mardia_z(b, d, n),
                 excess_kurtosis_mean=ek.mean().item(), excess_kurtosis_max=ek.max().item(),
                 negentropy_approx=kurtosis_negentropy(b, d, warn=False),

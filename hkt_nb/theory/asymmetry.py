@@ -11,9 +11,10 @@ from ..attention import HierarchicalAttention, check_attention_inputs
 from .kernel import bilinear_forms, check_head, tie_keys_to_queries
 
 # %% auto #0
-__all__ = ['sym_antisym_split', 'reciprocity_ratio', 'centre_rows', 'reciprocity', 'level_reciprocity',
-           'reciprocity_ratio_pooled', 'iid_reciprocity_reference', 'form_reciprocity', 'set_level_symmetric',
-           'set_level_antisymmetric', 'lag_profile']
+__all__ = ['CENTRINGS', 'sym_antisym_split', 'reciprocity_ratio', 'centre_rows', 'double_centre', 'centred_scores', 'reciprocity',
+           'key_share', 'reciprocity_parts', 'level_reciprocity', 'level_key_share', 'reciprocity_ratio_pooled',
+           'iid_reciprocity_reference', 'form_reciprocity', 'set_level_symmetric', 'set_level_antisymmetric',
+           'lag_profile']
 
 # %% ../../nbs/12_asymmetry.ipynb #b037a648
 def sym_antisym_split(matrix: torch.Tensor,  # square matrices (..., n, n)
@@ -31,7 +32,7 @@ def reciprocity_ratio(matrix: torch.Tensor,  # square matrices (..., n, n)
                       ) -> torch.Tensor:
     """Raw $r(A) = \\|A_s\\|_F^2 / \\|A\\|_F^2 \\in [0, 1]$ over the last two dims of (..., n, n) (Prop. 3.6): 1 iff
     symmetric, 0 iff antisymmetric; directionality is $1 - r$. A zero matrix gets $r = 1$ (it is symmetric).
-    For scores use the softmax-visible version, `reciprocity_ratio(centre_rows(A))` (Prop. 3.6 (vi))."""
+    For scores use the invariant version, `reciprocity_ratio(double_centre(A))` (Prop. 3.6 (vii))."""
     a_s, _ = sym_antisym_split(matrix)
     num, den = a_s.pow(2).sum((-1, -2)), matrix.pow(2).sum((-1, -2))
     return torch.where(den > 0, num / den.clamp(min=torch.finfo(den.dtype).tiny), torch.ones_like(den))
@@ -40,9 +41,10 @@ def reciprocity_ratio(matrix: torch.Tensor,  # square matrices (..., n, n)
 def centre_rows(scores: torch.Tensor,  # score matrices (B, ..., n, n): row = query, column = key
                 key_padding_mask: torch.Tensor | None = None,  # (B, n) bool, True = padding; None: all keys real
                 ) -> torch.Tensor:
-    """The softmax-visible part of scores: subtract from each row its mean over the real keys, $A \\Pi$ with
+    """The row-centred scores: subtract from each row its mean over the real keys, $A \\Pi$ with
     $\\Pi = I - \\mathbf 1\\mathbf 1^\\top/n$ on the real keys, and set padded key columns to 0 (chapter 12, Prop. 3.6 (vi)).
-    Adding any row constant $c\\,\\mathbf 1^\\top$ (a term the softmax cannot see) leaves the result unchanged.
+    Adding any row constant $c\\,\\mathbf 1^\\top$ (a term the softmax cannot see) leaves the result unchanged. The
+    key-only part $\\mathbf 1 b^\\top$ (column constants, which the softmax does see) is kept: see `double_centre`.
 
     Returns a tensor of the shape of `scores`. Raises `ValueError` for non-square scores, a mask of the wrong
     shape or dtype, or a sequence without a real key."""
@@ -62,81 +64,164 @@ def centre_rows(scores: torch.Tensor,  # score matrices (B, ..., n, n): row = qu
     zeroed = torch.where(keep, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))
     return torch.where(keep, zeroed - zeroed.sum(-1, keepdim=True) / n_real, zeroed)
 
+def double_centre(scores: torch.Tensor,  # score matrices (B, ..., n, n): row = query, column = key
+                  key_padding_mask: torch.Tensor | None = None,  # (B, n) bool, True = padding; None: all real
+                  ) -> torch.Tensor:
+    """$\\Pi A \\Pi$ on the real tokens: each row centred over the real keys, then each column over the real queries;
+    padded rows and columns set to 0 (chapter 12, Prop. 3.6 (vii)). Invariant under adding any row constant
+    $c\\,\\mathbf 1^\\top$ (invisible to the softmax) and any column constant $\\mathbf 1 b^\\top$ (a key-only term, which
+    the softmax does see; `key_share` measures it).
+
+    Returns a tensor of the shape of `scores`. Raises `ValueError` like `centre_rows`."""
+    rows = centre_rows(scores, key_padding_mask)
+    return centre_rows(rows.transpose(-1, -2), key_padding_mask).transpose(-1, -2)
+
+
+CENTRINGS = {"double": double_centre, "rows": centre_rows, "none": lambda scores, key_padding_mask=None: scores}
+
+
+def centred_scores(scores: torch.Tensor,  # score matrices (B, ..., n, n)
+                   key_padding_mask: torch.Tensor | None = None,  # (B, n) bool, True = padding
+                   centring: str = "double",  # "double": $\Pi A \Pi$; "rows": $A \Pi$; "none": A as given (raw)
+                   ) -> torch.Tensor:
+    """The scores under one of the centrings of Prop. 3.6 (`CENTRINGS`): "double" ($\\Pi A\\Pi$, the default of
+    every measure of this chapter), "rows" ($A\\Pi$) or "none" (raw). Raises `ValueError` for an unknown
+    `centring`, and like `centre_rows`."""
+    if centring not in CENTRINGS:
+        raise ValueError(f"centring must be one of {sorted(CENTRINGS)}, got {centring!r}")
+    return CENTRINGS[centring](scores, key_padding_mask)
+
+
 # %% ../../nbs/12_asymmetry.ipynb #74173cf4
 def reciprocity(layer: HierarchicalAttention,  # the layer
                 x: torch.Tensor,  # inputs (B, T, D)
                 key_padding_mask: torch.Tensor | None = None,  # (B, T) bool, True = padding
-                centred: bool = True,  # True: softmax-visible scores (rows centred); False: raw scores
+                centring: str = "double",  # "double": $\Pi G_l \Pi$ (invariant); "rows": $G_l \Pi$; "none": raw $G_l$
                 ) -> torch.Tensor:
     """Per-head, per-level reciprocity (Prop. 3.6; our reconstruction) of the level scores $G_l$ =
     `layer.scores(x, key_padding_mask).levels[l]`, pooled over the batch (sums of squares) and restricted to real
-    tokens (rows and columns of padded coarse tokens are dropped). By default each row is first centred over its real
-    keys (`centre_rows`, Prop. 3.6 (vi)): $r_l = \\|(G_l \\Pi)_s\\|^2/\\|G_l \\Pi\\|^2$, which the softmax-invisible row
-    constants cannot change; `centred=False` gives the raw $\\|G_{l,s}\\|^2/\\|G_l\\|^2$.
+    tokens (rows and columns of padded coarse tokens are dropped). By default the scores are doubly centred over the
+    real tokens (`double_centre`, Prop. 3.6 (vii)): $r_l = \\|(\\Pi G_l \\Pi)_s\\|^2/\\|\\Pi G_l \\Pi\\|^2$, which no
+    softmax-invisible row constant can change; `centring="rows"` gives $r(G_l\\Pi)$, which mixes in the key-only
+    part at share `key_share` with a fixed $1/2$, and `centring="none"` the raw $\\|G_{l,s}\\|^2/\\|G_l\\|^2$.
 
     x: (B, T, D); key_padding_mask: (B, T) bool (True = padding) or None. Returns (H, L) in [0, 1];
-    directionality is `1 - reciprocity(...)`. Raises like `HierarchicalAttention.forward`."""
+    directionality is `1 - reciprocity(...)`. Raises like `HierarchicalAttention.forward`, and `ValueError` for an
+    unknown `centring`."""
+    return torch.stack([level_reciprocity(g, pad, centring) for g, pad in _level_scores(layer, x, key_padding_mask)], -1)
+
+
+def key_share(layer: HierarchicalAttention,  # the layer
+              x: torch.Tensor,  # inputs (B, T, D)
+              key_padding_mask: torch.Tensor | None = None,  # (B, T) bool, True = padding
+              ) -> torch.Tensor:
+    """Per-head, per-level share $\\sigma_l = \\|G_l\\Pi - \\Pi G_l\\Pi\\|^2 / \\|G_l\\Pi\\|^2$ of the key-only part
+    $\\mathbf 1 b^\\top$ in the row-centred scores (Prop. 3.6 (vii)), pooled over the batch, real tokens only: a term
+    the softmax sees, whose reciprocity is not defined by the attention (any value in [0, 1] is one row shift away).
+    Returns (H, L) in [0, 1] (0 where the row-centred scores are 0). Raises like `reciprocity`."""
+    return torch.stack([level_key_share(g, pad) for g, pad in _level_scores(layer, x, key_padding_mask)], -1)
+
+
+def reciprocity_parts(layer: HierarchicalAttention,  # the layer
+                      x: torch.Tensor,  # inputs (B, T, D)
+                      key_padding_mask: torch.Tensor | None = None,  # (B, T) bool, True = padding
+                      ) -> dict[str, torch.Tensor]:
+    """All the per-head, per-level measures of Prop. 3.6 from one pass over the level scores: a dict of (H, L)
+    tensors "invariant" ($r(\\Pi G_l\\Pi)$, the default of `reciprocity`), "key_share" ($\\sigma_l$, `key_share`),
+    "rows" ($r(G_l\\Pi) = (1-\\sigma_l)\\, r(\\Pi G_l\\Pi) + \\sigma_l/2$, Prop. 3.6 (vii)) and "raw" ($r(G_l)$).
+    Raises like `reciprocity`."""
+    levels = _level_scores(layer, x, key_padding_mask)
+    parts = {"invariant": [level_reciprocity(g, m) for g, m in levels],
+             "key_share": [level_key_share(g, m) for g, m in levels],
+             "rows": [level_reciprocity(g, m, "rows") for g, m in levels],
+             "raw": [level_reciprocity(g, m, "none") for g, m in levels]}
+    return {name: torch.stack(values, -1) for name, values in parts.items()}
+
+
+def _level_scores(layer, x, key_padding_mask):
     if not isinstance(layer, HierarchicalAttention):
         raise TypeError(f"expected a HierarchicalAttention layer, got {type(layer).__name__}")
     check_attention_inputs(x, key_padding_mask, layer.d_model, layer.out_proj.weight.dtype)
     with torch.no_grad():
         levels = layer.scores(x, key_padding_mask).levels
         _, masks = layer.pyramid(x, key_padding_mask)
-    return torch.stack([level_reciprocity(g, pad, centred) for g, pad in zip(levels, masks)], -1)
+    return list(zip(levels, masks))
+
+
+def _real_only(g, key_padding_mask):
+    if key_padding_mask is None:
+        return g
+    keep = (~key_padding_mask).to(g.dtype)
+    return g * keep[:, None, :, None] * keep[:, None, None, :]
 
 
 def level_reciprocity(g: torch.Tensor,  # level scores (B, H, n, n)
                       key_padding_mask: torch.Tensor | None = None,  # (B, n) bool, True = padded (coarse) token
-                      centred: bool = True,  # centre each row over its real keys first (Prop. 3.6 (vi))
+                      centring: str = "double",  # see `centred_scores`
                       ) -> torch.Tensor:
-    """Pooled reciprocity of one level's scores g (B, H, n, n) over real tokens -> (H,): rows centred over real keys
-    (`centre_rows`) unless `centred=False`, then padded rows and columns dropped, then `reciprocity_ratio_pooled`.
-    Raises `ValueError` like `centre_rows`."""
-    if key_padding_mask is None:
-        key_padding_mask = torch.zeros(g.shape[0], g.shape[-1], dtype=torch.bool, device=g.device)
-    keep = (~key_padding_mask).to(g.dtype)
-    if centred:
-        g = centre_rows(g, key_padding_mask)
-    g = g * keep[:, None, :, None] * keep[:, None, None, :]
-    return reciprocity_ratio_pooled(g)
+    """Pooled reciprocity of one level's scores g (B, H, n, n) over real tokens -> (H,): `centred_scores(g, mask,
+    centring)`, padded rows and columns dropped, then `reciprocity_ratio_pooled`. Raises `ValueError` like
+    `centred_scores`."""
+    return reciprocity_ratio_pooled(_real_only(centred_scores(g, key_padding_mask, centring), key_padding_mask))
+
+
+def level_key_share(g: torch.Tensor,  # level scores (B, H, n, n)
+                    key_padding_mask: torch.Tensor | None = None,  # (B, n) bool, True = padded (coarse) token
+                    ) -> torch.Tensor:
+    """Pooled key-only share $\\sigma = \\sum_b \\|G_b\\Pi - \\Pi G_b\\Pi\\|^2 / \\sum_b \\|G_b\\Pi\\|^2$ of g (B, H, n, n)
+    over real tokens -> (H,) (Prop. 3.6 (vii)); 0 where every $G_b\\Pi$ is 0. Raises `ValueError` like `centre_rows`."""
+    rows = _real_only(centre_rows(g, key_padding_mask), key_padding_mask)
+    both = double_centre(g, key_padding_mask)
+    num, den = (rows - both).pow(2).sum((0, -1, -2)), rows.pow(2).sum((0, -1, -2))
+    return torch.where(den > 0, num / den.clamp(min=torch.finfo(den.dtype).tiny), torch.zeros_like(den))
 
 
 def reciprocity_ratio_pooled(g: torch.Tensor,  # level scores (B, H, n, n)
                              ) -> torch.Tensor:
-    "$\\sum_b \\|G_{b,s}\\|^2 / \\sum_b \\|G_b\\|^2$ for g (B, H, n, n) -> (H,); 1 where all are zero (raw: no centring)."
+    "$\\sum_b \\|G_{b,s}\\|^2 / \\sum_b \\|G_b\\|^2$ for g (B, H, n, n) -> (H,); 1 where all are zero (no centring here)."
     g_s, _ = sym_antisym_split(g)
     num, den = g_s.pow(2).sum((0, -1, -2)), g.pow(2).sum((0, -1, -2))
     return torch.where(den > 0, num / den.clamp(min=torch.finfo(den.dtype).tiny), torch.ones_like(den))
 
 
 def iid_reciprocity_reference(n_real: list[int] | torch.Tensor,  # real tokens per sequence at one level
-                              centred: bool = True,  # the reference of the centred (True) or raw (False) measure
+                              centring: str = "double",  # the reference of which measure (see `centred_scores`)
                               ) -> float:
-    """The i.i.d. reference of Prop. 3.6 (v)-(vi) for a pooled batch: ratio of expectations
+    """The i.i.d. reference of Prop. 3.6 (v)-(vii) for a pooled batch: ratio of expectations
     $\\sum_b \\mathbb E\\|A_{b,s}\\|^2 / \\sum_b \\mathbb E\\|A_b\\|^2$ for independent $n_b \\times n_b$ matrices of i.i.d.
-    $N(0,1)$ entries: $\\sum (n_b^2 - 1)/2 / \\sum n_b(n_b - 1)$ centred, $\\sum n_b(n_b + 1)/2 / \\sum n_b^2$ raw;
-    $(n+1)/(2n)$ for one size $n$. Raises `ValueError` unless every n_b >= 2 (centred) or >= 1 (raw)."""
+    $N(0,1)$ entries, after the centring: $\\sum n_b(n_b - 1)/2 / \\sum (n_b - 1)^2$ doubly centred,
+    $\\sum (n_b^2 - 1)/2 / \\sum n_b(n_b - 1)$ rows centred, $\\sum n_b(n_b + 1)/2 / \\sum n_b^2$ raw; for one size $n$:
+    $n/(2(n-1))$, $(n+1)/(2n)$, $(n+1)/(2n)$. Raises `ValueError` for an unknown `centring` and unless every
+    n_b >= 2 (centred) or >= 1 (raw)."""
+    if centring not in CENTRINGS:
+        raise ValueError(f"centring must be one of {sorted(CENTRINGS)}, got {centring!r}")
     n = torch.as_tensor(n_real, dtype=torch.float64).flatten()
-    if n.numel() == 0 or (n < (2 if centred else 1)).any():
-        raise ValueError(f"need n_real >= {2 if centred else 1} for every sequence, got {n.tolist()}")
-    if centred:
+    least = 1 if centring == "none" else 2
+    if n.numel() == 0 or (n < least).any():
+        raise ValueError(f"need n_real >= {least} for every sequence, got {n.tolist()}")
+    if centring == "double":
+        return (n * (n - 1) / 2).sum().item() / ((n - 1) ** 2).sum().item()
+    if centring == "rows":
         return ((n**2 - 1) / 2).sum().item() / (n * (n - 1)).sum().item()
     return (n * (n + 1) / 2).sum().item() / (n**2).sum().item()
 
 
 def form_reciprocity(layer: HierarchicalAttention,  # the layer
-                     centred: bool = True,  # drop the key's constant coordinate (its terms are row constants)
+                     drop_key_constant: bool = True,  # drop the key's constant coordinate (its terms are row constants)
                      ) -> torch.Tensor:
     """Input-independent reciprocity of the bilinear forms, $\\|W_{l,s}\\|_F^2/\\|W_l\\|_F^2$ (homogeneous
-    coordinates, biases included) per head and level: (H, L). With `centred=True` the last column of $W_l$ (the
-    terms $\\hat x_i^\\top W_l e_{D+1}$, i.e. $q_i^\\top b_K$, constant along a row) is set to 0 first."""
+    coordinates, biases included) per head and level: (H, L). With `drop_key_constant=True` the last column of
+    $W_l$ (the terms $\\hat x_i^\\top W_l e_{D+1}$, i.e. $q_i^\\top b_K$, constant along a row) is set to 0 first. This
+    is not the form-level counterpart of the data measure: centring the data also removes $q_i^\\top W_K \\bar x$ and
+    the key-only terms, which depend on the input."""
     out = []
     for h in range(layer.n_heads):
         forms = torch.stack(bilinear_forms(layer, h))
-        if centred:
+        if drop_key_constant:
             forms = torch.cat([forms[..., :-1], torch.zeros_like(forms[..., -1:])], -1)
         out.append(reciprocity_ratio(forms))
     return torch.stack(out).detach()
+
 
 # %% ../../nbs/12_asymmetry.ipynb #856ee4e6
 @torch.no_grad()

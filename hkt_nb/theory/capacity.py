@@ -83,26 +83,34 @@ def conv_only_layer(weight: torch.Tensor, bias: torch.Tensor | None = None, n_he
 
 # %% ../../nbs/13_capacity.ipynb #a2fc2690
 def mean_plus_difference(x: torch.Tensor,  # inputs (B, T, D)
+                         causal: bool = False,  # the causal witness: the mean over j <= t instead of all j
                          ) -> torch.Tensor:
     """The strictness witness of the capacity chapter: $f(x)_t = \\frac1T\\sum_j x_j + x_t - x_{t-1}$ ($x_{-1} = 0$),
-    (B, T, D) -> (B, T, D). Raises `ValueError` unless x is (B, T, D) with T >= 2."""
+    or with `causal=True` $f^{c}(x)_t = \\frac1{t+1}\\sum_{j \\le t} x_j + x_t - x_{t-1}$; (B, T, D) -> (B, T, D).
+    Raises `ValueError` unless x is (B, T, D) with T >= 2."""
     if x.dim() != 3 or x.shape[1] < 2:
         raise ValueError(f"need x (B, T >= 2, D), got {tuple(x.shape)}")
-    return x.mean(1, keepdim=True) + x - F.pad(x, (0, 0, 1, 0))[:, :-1]
+    if causal:
+        mean = x.cumsum(1) / torch.arange(1, x.shape[1] + 1, dtype=x.dtype, device=x.device)[:, None]
+    else:
+        mean = x.mean(1, keepdim=True)
+    return mean + x - F.pad(x, (0, 0, 1, 0))[:, :-1]
 
 
 @torch.no_grad()
 def mean_plus_difference_layer(d_model: int,  # width D
                                n_levels: int = 3,  # levels L (any; the coarse levels get zero queries)
                                stride: int = 2,  # stride s
-                               conv_kernel_size: int = 3,  # hybrid kernel k >= 2
+                               conv_kernel_size: int = 3,  # hybrid kernel k_c >= 2
+                               causal: bool = False,  # a causal layer: computes the causal witness
                                ) -> HierarchicalAttention:
     """A one-head HKT layer that computes `mean_plus_difference` exactly: zero queries (uniform attention),
-    W_V = I, filter (..., 0, -1, 1), gate 1/2, W_O = 2 I, zero biases. Raises `ValueError` if
+    W_V = I, filter (..., 0, -1, 1), gate 1/2, W_O = 2 I, zero biases; with `causal=True` the layer is causal and
+    computes `mean_plus_difference(x, causal=True)`. Raises `ValueError` if
     conv_kernel_size < 2."""
     if conv_kernel_size < 2:
         raise ValueError(f"the difference filter needs conv_kernel_size >= 2, got {conv_kernel_size}")
-    layer = HierarchicalAttention(d_model, 1, n_levels, stride, conv_kernel_size=conv_kernel_size)
+    layer = HierarchicalAttention(d_model, 1, n_levels, stride, causal=causal, conv_kernel_size=conv_kernel_size)
     for q in layer.q_proj:
         q.weight.zero_()
         q.bias.zero_()

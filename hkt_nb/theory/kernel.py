@@ -116,8 +116,10 @@ def centred_sym(scores: torch.Tensor,  # score matrices (B, T, T) or (T, T)
                 key_padding_mask: torch.Tensor | None = None,  # (B, T) bool, True = padding (needs (B, T, T) scores)
                 ) -> torch.Tensor:
     """$\\Pi \\operatorname{sym}(S) \\Pi$ with $\\Pi = I - \\mathbf 1\\mathbf 1^\\top/n$ on the n real positions of each sequence
-    (padded rows and columns set to 0), in float64 (Prop. 3.1 (6), chapter 11): the part of the symmetric score that
-    row constants (invisible to the softmax) cannot change. Returns the shape of `scores`.
+    (padded rows and columns set to 0), in float64 (Prop. 3.1 (6), chapter 11): the doubly centred symmetric score. It
+    is invariant under row constants $c\\mathbf 1^\\top$ (invisible to the softmax) and also deletes column constants
+    $\\mathbf 1 b^\\top$ (key-only terms, which the softmax sees). A negative eigenvalue means that no softmax-equivalent
+    $S + c\\mathbf 1^\\top$ has a PSD symmetric part. Returns the shape of `scores`.
     Raises `ValueError` for non-square scores, a bad mask, or a sequence without a real position."""
     if scores.dim() < 2 or scores.shape[-1] != scores.shape[-2]:
         raise ValueError(f"need square matrices (..., T, T), got shape {tuple(scores.shape)}")
@@ -140,8 +142,8 @@ def centred_sym(scores: torch.Tensor,  # score matrices (B, T, T) or (T, T)
 def centred_sym_eigenvalues(scores: torch.Tensor,  # score matrices (B, T, T) or (T, T)
                             key_padding_mask: torch.Tensor | None = None,  # (B, T) bool, True = padding
                             ) -> torch.Tensor:
-    """Eigenvalues (ascending, float64) of `centred_sym(scores, key_padding_mask)`: the softmax-visible spectrum of
-    Prop. 3.1 (6). Shape (..., T); it includes one zero per sequence (the direction 1) and one per padded position."""
+    """Eigenvalues (ascending, float64) of `centred_sym(scores, key_padding_mask)`: the spectrum of $\\operatorname{sym}(S)$
+    compressed to $\\mathbf 1^\\perp$ (Prop. 3.1 (6); its sign, not its magnitudes, is representative-free). Shape (..., T); it includes one zero per sequence (the direction 1) and one per padded position."""
     return torch.linalg.eigvalsh(centred_sym(scores, key_padding_mask))
 
 

@@ -103,7 +103,7 @@ def train_lag_copy_layer(lag: int = 4,  # the lag of the task
                          d_model: int = 32,  # layer width D
                          n_heads: int = 4,  # heads H (head width d = D / H)
                          n_levels: int = 3,  # levels L (stride 2)
-                         training: ProbeTraining | None = None,  # None: 400 Adam steps at lr 1e-2
+                         training: ProbeTraining | None = None,  # None: 400 Adam steps at lr 1e-2 (chapters 11-12: 300)
                          batch_size: int = 32,  # sequences per step
                          seed: int = 0,  # seeds the initialisation, the position codes and the batches
                          ):
@@ -182,7 +182,7 @@ def _lag_copy_layers(steps: int, seed: int, lag: int, n_probe: int) -> dict:
 
 
 def measurement_layers(checkpoint=None,  # path of a saved HKTClassifier, or None for the lag-copy layer
-                       steps: int = 400,  # lag-copy training steps (no checkpoint)
+                       steps: int = 400,  # lag-copy training steps (no checkpoint); chapters 11-12 pass 300
                        seed: int = 0,  # seeds training, the fresh model and random probe ids
                        lag: int = 4,  # lag-copy lag (no checkpoint)
                        n_probe: int = 8,  # probe sequences (lag-copy inputs, or random ids)
