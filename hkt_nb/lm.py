@@ -521,8 +521,15 @@ def generate(
     generator: torch.Generator | None = None,  # source of the samples
     decoder=None,  # an object with prefill / step (None: `default_decoder(model)`, cached where possible)
 ) -> torch.Tensor:  # (B, T0 + max_new_tokens) long: the prompt followed by the new bytes
-    """Autoregressive sampling with a sliding window of `max_len` bytes (see the text). Raises `TypeError` /
-    `ValueError` naming a bad argument."""
+    """Autoregressive sampling with a sliding window of `max_len` bytes (see the text). `model` must be a `ByteLM`
+    (this chapter's model: `generate` reads its `cfg`, embeddings, blocks and head); for a model of your own, write
+    the loop with `hkt_nb.decoding.layer_cache` / `prefill` / `step` (section *Cached generation in your own model*).
+    Raises `TypeError` (a `model` that is not a `ByteLM`, a bad `idx`) / `ValueError` naming a bad argument."""
+    if not isinstance(model, ByteLM):
+        raise TypeError(f"model must be a hkt_nb.lm.ByteLM (generate reads its cfg, blocks and head), got "
+                        f"{type(model).__name__}: for your own model, write the loop with hkt_nb.decoding.layer_cache"
+                        "(layer, batch_size), prefill(layer, x, cache) and step(layer, x, cache) (chapter *Language "
+                        "modelling*, section *Cached generation in your own model*)")
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[1] < 1 or idx.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"idx must be an integer tensor (B, T0) with T0 >= 1, got {getattr(idx, 'shape', type(idx))}")
     check_int("max_new_tokens", max_new_tokens, 0), check_float("temperature", temperature, 0.0)

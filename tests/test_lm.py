@@ -465,3 +465,14 @@ def test_cached_decoder_errors(randomise):
     assert_cached_equals_full(model, T=20, B=1)
     with pytest.raises(ValueError, match="input_ids"):
         CachedDecoder(model).prefill(torch.tensor([[1, 256]]))
+
+
+def test_generate_refuses_a_model_that_is_not_a_byte_lm():
+    "A user's own model gets a TypeError naming `model` and the layer-level loop, not an AttributeError on `cfg`."
+    class GPT(nn.Module):  # a model of one's own, without ByteLM's cfg / blocks / head
+        def forward(self, idx):
+            return torch.zeros(*idx.shape, 256)
+
+    with pytest.raises(TypeError, match=r"model must be a hkt_nb\.lm\.ByteLM.*got GPT.*layer_cache.*prefill.*step"):
+        generate(GPT(), torch.tensor([[1, 2, 3]]), 4, temperature=0)
+    assert generate(ByteLM(tiny()).eval(), torch.tensor([[1, 2, 3]]), 4, temperature=0).shape == (1, 7)

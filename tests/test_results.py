@@ -399,3 +399,23 @@ def test_results_summary_of_the_committed_runs():
         if any(summary["learned"][(row["task"], m)]["learned"] is False for m in (a, b)):
             assert row["counted"].startswith("excluded")
     assert summary_markdown(summary).startswith("**At preset `cpu`**")
+
+
+def test_fetch_committed_results_gives_the_summary_of_the_repository(tmp_path, monkeypatch):
+    "Chapter 9 opened alone: fetching by address into an empty folder gives the summary of the full results/."
+    import shutil
+
+    from hkt_nb.lra.baselines import load_baselines
+    from hkt_nb.lra.results import fetch_committed_results, load_runs, results_summary
+
+    if not load_runs(RESULTS, "cpu") or not load_baselines(RESULTS, "cpu"):
+        pytest.skip("no committed cpu runs or baselines")
+    repository = tmp_path / "repository"  # the committed records, as the address serves them
+    shutil.copytree(RESULTS, repository, ignore=shutil.ignore_patterns("checkpoints", "pretrained", "logs", "chapters"))
+    monkeypatch.setenv("HKT_NB_RECORDS", repository.as_uri())  # a file:// address: fetch_record downloads it
+    alone = tmp_path / "alone"
+    fetched = fetch_committed_results(alone, "cpu")
+    assert {p.name for p in fetched} >= {f"{t}-cpu.json" for t in load_baselines(RESULTS, "cpu")}
+    assert load_baselines(alone, "cpu") == load_baselines(RESULTS, "cpu") != {}
+    assert results_summary(alone, "cpu") == results_summary(RESULTS, "cpu")
+    assert fetch_committed_results(alone, "cpu") == fetched  # a second call keeps what is there
