@@ -250,6 +250,16 @@ def test_cli_skips_a_finished_run_unless_retrain(tmp_path, monkeypatch, capsys, 
     assert parse_args(["--task", "listops"]).retrain is False
 
 
+def test_cli_refuses_a_damaged_record_of_its_run_in_one_line(tmp_path):
+    "A damaged record of the run itself: one line naming it and --retrain (status 1), never trained over silently."
+    damaged = tmp_path / "synthetic-hkt-smoke-seed0.json"
+    damaged.write_text("[]")
+    with pytest.raises(SystemExit) as exit_:
+        main([*CLI_SMALL, "--results-dir", str(tmp_path)])
+    assert exit_.value.code.startswith(f"hkt-train: unreadable record {damaged.resolve()}: a JSON list")
+    assert exit_.value.code.endswith("pass --retrain to train over it") and damaged.read_text() == "[]"
+
+
 @pytest.mark.parametrize("how", ["console script", "python -m"])
 def test_hkt_train_without_the_lra_extra_names_it_in_one_line(how):
     """A core-only install (no `datasets`): `hkt-train` prints one line naming the [lra] extra, with its

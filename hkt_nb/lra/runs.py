@@ -41,7 +41,7 @@ try:  # the [lra] extra: its absence is reported by `hkt-train` in one line, nev
     )
     from hkt_nb.lra.distributed import resolve_device
     from hkt_nb.lra.loop import evaluate, train
-    from hkt_nb.lra.records import read_record, save_predictions
+    from hkt_nb.lra.records import UnreadableRecordError, read_record, save_predictions
     from hkt_nb.lra.workspace import (  # noqa: F401 (FULL_TRAIN_SIZE, fetch_record, records_url: also read from here)
         FULL_TRAIN_SIZE,
         default_results_dir,
@@ -313,7 +313,8 @@ def main(argv=None) -> None:
     Returns None (exit status 0) when the run trained, or when a finished run of the same configuration exists
     (`reusable_run`: it says so and trains nothing unless `--retrain`); the results are in the JSON file. Exits with a one-line
     message and a non-zero status when the call trained nothing (status 1: e.g. a time budget spent before the first
-    step), when another process is training the same run (1, `RunLockedError`), and on Ctrl-C (130, with the command
+    step), when another process is training the same run (1, `RunLockedError`), when the run's own record is
+    damaged (1, `UnreadableRecordError`, unless `--retrain`), and on Ctrl-C (130, with the command
     that resumes the run, or saying that nothing was checkpointed when no epoch had finished). Bad arguments exit with argparse's status 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     arguments = parse_args(argv)
@@ -325,8 +326,11 @@ def main(argv=None) -> None:
                     epochs=arguments.epochs, resume=not arguments.no_resume, time_budget_s=arguments.time_budget,
                     progress=False if arguments.no_progress else None,
                     train_overrides=_train_overrides(arguments) or None)
-    finished = reusable_run(arguments.task, arguments.model, arguments.preset, arguments.seed, arguments.results_dir,
-                            arguments.retrain, keywords)
+    try:
+        finished = reusable_run(arguments.task, arguments.model, arguments.preset, arguments.seed,
+                                arguments.results_dir, arguments.retrain, keywords)
+    except UnreadableRecordError as error:  # neither reused nor silently trained over
+        raise SystemExit(f"hkt-train: {error}; move it away, or pass --retrain to train over it") from None
     if finished is not None:
         print(f"{finished['run']} already finished: {Path(arguments.results_dir) / (finished['run'] + '.json')}; "
               "pass --retrain to train it again", flush=True)
