@@ -282,7 +282,8 @@ def _imdb_texts(split: str, data_dir) -> list[str]:
         try:
             import datasets
         except ImportError as e:
-            raise ImportError("reading IMDB from the hub needs `datasets` (pip install 'hkt_nb[lra]'), "
+            raise ImportError("reading IMDB from the hub needs `datasets` (pip install 'hkt_nb[lra]', before its "
+                              "first PyPI release pip install 'hkt_nb[lra] @ git+https://github.com/hkt-nb/hkt_nb'), "
                               "or set HKT_DATA_DIR to a folder holding imdb/plain_text/*.parquet") from e
         return list(datasets.load_dataset("stanfordnlp/imdb", split=split)["text"])
     path = Path(data_dir) / "imdb" / "plain_text" / f"{split}-00000-of-00001.parquet"
@@ -292,7 +293,8 @@ def _imdb_texts(split: str, data_dir) -> list[str]:
     try:
         import pyarrow.parquet as pq
     except ImportError as e:
-        raise ImportError("reading the parquet files needs pyarrow (pip install 'hkt_nb[lra]')") from e
+        raise ImportError("reading the parquet files needs pyarrow (pip install 'hkt_nb[lra]', before its first PyPI "
+                          "release pip install 'hkt_nb[lra] @ git+https://github.com/hkt-nb/hkt_nb')") from e
     return pq.read_table(path, columns=["text"]).column("text").to_pylist()
 
 

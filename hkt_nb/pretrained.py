@@ -44,7 +44,8 @@ def _hub(purpose: str = "reaching the Hugging Face Hub"):
     try:
         import huggingface_hub
     except ImportError as error:
-        raise ImportError(f"{purpose} needs the [hub] extra: {HUB_EXTRA}") from error
+        raise ImportError(f"{purpose} needs the [hub] extra: {HUB_EXTRA} (before its first PyPI release: "
+                          f'pip install "hkt_nb[hub] @ git+{REPO_URL}")') from error
     return huggingface_hub
 
 # %% ../nbs/03a_pretrained.ipynb #846651ff

@@ -1,7 +1,9 @@
 """Tests of hkt_nb.lra.runs: the command line (every value honoured or rejected), the experiment parameters as
 papermill passes them, reuse of finished runs (the committed ones; execution-only fields never make a run stale)
 and a shortened run that never replaces its preset's."""
+import configparser
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -175,26 +177,124 @@ def test_cli_that_trained_nothing_exits_non_zero(tmp_path):
     assert "--time-budget 1e-09" in exit_.value.code and not list(tmp_path.glob("*.json"))
 
 
-def test_ctrl_c_prints_how_to_resume_and_exits_non_zero(tmp_path, monkeypatch, capsys):
-    """KeyboardInterrupt during training: no traceback, one line with the exact command that resumes the run (the
-    same arguments, without --no-resume), status 130; the run's lock is released."""
+def test_ctrl_c_before_any_epoch_says_nothing_was_checkpointed(tmp_path, monkeypatch, capsys):
+    """KeyboardInterrupt in the first epoch: no traceback, status 130, one line saying (as a spent time budget does)
+    that nothing was checkpointed, and the empty `checkpoints/<run>/` folder the call made is removed (lock too).
+    A --checkpoint-dir that existed before is left in place."""
     from hkt_nb.lra import loop
 
     def interrupted(run, epoch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(loop, "train_one_epoch", interrupted)
-    argv = [*CLI_SMALL, "--results-dir", str(tmp_path / "my results"), "--no-resume"]
+    for extra in ([], ["--checkpoint-dir", str(tmp_path / "mine")]):
+        (tmp_path / "mine").mkdir(exist_ok=True)
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            main([*CLI_SMALL, "--results-dir", str(tmp_path / "my results"), "--no-resume", *extra])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 130 and "Traceback" not in err
+        lines = [line for line in err.splitlines() if line.startswith("hkt-train")]  # not datasets' bars
+        assert lines == ["hkt-train: interrupted; no epoch finished, so nothing was checkpointed; the next run starts "
+                         "afresh"], lines
+        assert not (tmp_path / "my results" / "checkpoints").exists() and (tmp_path / "mine").is_dir()
+
+
+def test_ctrl_c_after_an_epoch_prints_how_to_resume(tmp_path, monkeypatch, capsys, one_thread):
+    """KeyboardInterrupt after the first epoch was checkpointed: one line with the exact command that resumes the run
+    (the same arguments, without --no-resume), status 130; the checkpoint stays and the run's lock is released."""
+    from hkt_nb.lra import loop
+    real = loop.train_one_epoch
+
+    def interrupted(run, epoch):
+        if epoch == 1:
+            raise KeyboardInterrupt
+        return real(run, epoch)
+
+    monkeypatch.setattr(loop, "train_one_epoch", interrupted)
+    argv = [*CLI_SMALL, "--epochs", "2", "--results-dir", str(tmp_path / "my results"), "--no-resume"]
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     err = capsys.readouterr().err
     assert exit_.value.code == 130 and "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.strip()]
-    expected = ("hkt-train --task synthetic --device cpu --threads 1 --no-progress --results-dir "
+    lines = [line for line in err.splitlines() if line.startswith("hkt-train")]  # not datasets' bars
+    expected = ("hkt-train --task synthetic --device cpu --threads 1 --no-progress --epochs 2 --results-dir "
                 f"'{tmp_path / 'my results'}'")
     assert len(lines) == 1 and lines[0].endswith(f"resume with: {expected}"), lines
+    assert len(list((tmp_path / "my results" / "checkpoints").glob("*/last.pt"))) == 1
     assert not list((tmp_path / "my results").rglob("*.lock"))
+
+
+def test_cli_skips_a_finished_run_unless_retrain(tmp_path, monkeypatch, capsys, one_thread):
+    """A finished record of the same configuration: `hkt-train` prints one line naming it and --retrain, exits 0 and
+    trains nothing (the record untouched); `--retrain` trains it again and replaces the record. A variant
+    (`--epochs 1`) is never a finished run of the preset: it trains every time, as before."""
+    from hkt_nb.lra import runs
+    calls, real = [], runs.train
+    monkeypatch.setattr(runs, "train", lambda *a, **k: calls.append(k.get("epochs")) or real(*a, **k))
+    argv = [*CLI_SMALL, "--results-dir", str(tmp_path)]
+    main(argv)
+    record = tmp_path.resolve() / "synthetic-hkt-smoke-seed0.json"
+    before = record.read_bytes()
+    capsys.readouterr()
+    assert main(argv) is None
+    out = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert out[-1] == f"synthetic-hkt-smoke-seed0 already finished: {record}; pass --retrain to train it again"
+    assert calls == [None] and record.read_bytes() == before
+    main([*argv, "--retrain"])
+    assert calls == [None, None] and record.read_bytes() != before and json.loads(record.read_text())["complete"]
+    main([*argv, "--epochs", "1"]), main([*argv, "--epochs", "1"])
+    assert calls == [None, None, 1, 1]
+    assert parse_args(["--task", "listops", "--retrain"]).retrain is True
+    assert parse_args(["--task", "listops"]).retrain is False
+
+
+def test_cli_refuses_a_damaged_record_of_its_run_in_one_line(tmp_path):
+    "A damaged record of the run itself: one line naming it and --retrain (status 1), never trained over silently."
+    damaged = tmp_path / "synthetic-hkt-smoke-seed0.json"
+    damaged.write_text("[]")
+    with pytest.raises(SystemExit) as exit_:
+        main([*CLI_SMALL, "--results-dir", str(tmp_path)])
+    assert exit_.value.code.startswith(f"hkt-train: unreadable record {damaged.resolve()}: a JSON list")
+    assert exit_.value.code.endswith("pass --retrain to train over it") and damaged.read_text() == "[]"
+
+
+@pytest.mark.parametrize("how", ["console script", "python -m"])
+def test_hkt_train_without_the_lra_extra_names_it_in_one_line(how):
+    """A core-only install (no `datasets`): `hkt-train` prints one line naming the [lra] extra, with its
+    pre-release install from git (settings.ini's git_url), and exits 1; a library import still raises ImportError."""
+    git_url = configparser.ConfigParser()
+    git_url.read(REPO / "settings.ini")
+    git_url = git_url["DEFAULT"]["git_url"]
+    start = {"console script": "sys.argv = ['/venv/bin/hkt-train', '--task', 'listops']\n"
+                               "from hkt_nb.lra.runs import main\nsys.exit(main())",
+             "python -m": "import runpy\nsys.argv = ['runs', '--task', 'listops']\n"
+                          "runpy.run_module('hkt_nb.lra.runs', run_name='__main__')"}[how]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = lambda code: subprocess.run([sys.executable, "-c", "import sys\nsys.modules['datasets'] = None\n" + code],
+                                      capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    out = run(start)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert out.stderr.splitlines() == ['hkt-train: hkt_nb.lra needs the [lra] extra: pip install "hkt_nb[lra]" '
+                                       f'(before its first PyPI release: pip install "hkt_nb[lra] @ git+{git_url}")']
+    library = run("import hkt_nb.lra.runs")
+    assert library.returncode == 1 and "ImportError: hkt_nb.lra needs the [lra] extra" in library.stderr
+
+
+def test_every_install_hint_of_the_library_gives_the_pre_release_form(monkeypatch):
+    """Until the first PyPI release `pip install "hkt_nb[<extra>]"` fails: every such hint in the library also gives
+    the install from git; the [hub] one, computed from REPO_URL (settings.ini's git_url), is checked as raised."""
+    from hkt_nb import pretrained
+    hinted = [path for path in (REPO / "hkt_nb").rglob("*.py")
+              if "pip install \"hkt_nb[" in path.read_text() or "pip install 'hkt_nb[" in path.read_text()]
+    assert {p.name for p in hinted} >= {"listops.py", "pretrained.py", "lm.py"}
+    for path in hinted:
+        assert path.read_text().count("@ git+") >= 1, path
+    assert pretrained.REPO_URL == "https://github.com/hkt-nb/hkt_nb"
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    with pytest.raises(ImportError, match=r'@ git\+https://github.com/hkt-nb/hkt_nb"\)$'):
+        pretrained._hub()
 
 
 def test_load_or_train_names_a_damaged_record_of_its_run(tmp_path):

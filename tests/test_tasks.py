@@ -146,6 +146,16 @@ def test_chapters_and_plan_from_the_command_line(repo_root):
     assert [task for task, _ in plan] == sorted((t for t, _ in plan), key=list(T.BENCHMARKS).index)
 
 
+def test_help_prints_the_usage_and_exits_0(repo_root, capsys):
+    "`python -m hkt_nb.lra.tasks --help` (and `-h`) prints the usage with status 0; an unknown word still exits 1."
+    out = subprocess.run([sys.executable, "-m", "hkt_nb.lra.tasks", "--help"], capture_output=True, text=True,
+                         cwd=repo_root)
+    assert out.returncode == 0 and out.stdout.startswith("usage: python -m hkt_nb.lra.tasks chapters|names|plan\n")
+    assert T.main(["-h"]) is None and capsys.readouterr().out == out.stdout
+    with pytest.raises(SystemExit, match=r"^usage: python -m hkt_nb.lra.tasks chapters\|names\|plan \(got 'x'\)$"):
+        T.main(["x"])
+
+
 def test_presets_take_their_task_sizes_and_seeds_from_the_registry():
     from hkt_nb.lra.config import PRESETS
     from hkt_nb.lra.results import SEEDS

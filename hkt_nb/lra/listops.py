@@ -22,7 +22,8 @@ with warnings.catch_warnings():  # tqdm.auto (imported by datasets) warns in Jup
     try:
         import datasets
     except ImportError as error:  # `pip install hkt_nb` alone brings only the core layer
-        raise ImportError('hkt_nb.lra needs the [lra] extra: pip install "hkt_nb[lra]"') from error
+        raise ImportError('hkt_nb.lra needs the [lra] extra: pip install "hkt_nb[lra]" (before its first PyPI '
+                          'release: pip install "hkt_nb[lra] @ git+https://github.com/hkt-nb/hkt_nb")') from error
 
 # %% auto #0
 __all__ = ['LISTOPS_OPERATORS', 'LISTOPS_END', 'VALUE_P', 'LISTOPS_SETTINGS', 'generate_tree', 'listops_value', 'tree_to_source',

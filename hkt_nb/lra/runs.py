@@ -18,43 +18,47 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hkt_nb.lra.config import (
-    AMP_MODES,
-    ARMS,
-    PRESETS,
-    SEQ_LEN,
-    TASKS,
-    Preset,
-    RunSpec,
-    TrainConfig,
-    build_config,
-    conforms_to_preset,
-    flat_model_config,
-    get_preset,
-    run_identity,
-    run_name,
-    split_keywords,
-)
-from hkt_nb.lra.workspace import (  # noqa: F401 (FULL_TRAIN_SIZE, fetch_record, records_url: also read from here)
-    FULL_TRAIN_SIZE,
-    default_results_dir,
-    estimate_seconds,
-    estimated_time,
-    fetch_record,
-    records_url,
-)
-
-from .._checks import check_bool, check_choice, check_device, check_int
-from ..model import HKTClassifier, count_parameters
-from .benchmarks import absolute_path, load_task, make_dataloader, task_sizes
-from .checkpoints import RunLockedError, atomic_save
-from .distributed import resolve_device
-from .loop import evaluate, train
-from .records import read_record, save_predictions
+try:  # the [lra] extra: its absence is reported by `hkt-train` in one line, never as a traceback
+    from hkt_nb._checks import check_bool, check_choice, check_device, check_int
+    from hkt_nb.lra.benchmarks import absolute_path, load_task, make_dataloader, task_sizes
+    from hkt_nb.lra.checkpoints import RunLockedError, atomic_save
+    from hkt_nb.lra.config import (
+        AMP_MODES,
+        ARMS,
+        PRESETS,
+        SEQ_LEN,
+        TASKS,
+        Preset,
+        RunSpec,
+        TrainConfig,
+        build_config,
+        conforms_to_preset,
+        flat_model_config,
+        get_preset,
+        run_identity,
+        run_name,
+        split_keywords,
+    )
+    from hkt_nb.lra.distributed import resolve_device
+    from hkt_nb.lra.loop import evaluate, train
+    from hkt_nb.lra.records import UnreadableRecordError, read_record, save_predictions
+    from hkt_nb.lra.workspace import (  # noqa: F401 (FULL_TRAIN_SIZE, fetch_record, records_url: also read from here)
+        FULL_TRAIN_SIZE,
+        default_results_dir,
+        estimate_seconds,
+        estimated_time,
+        fetch_record,
+        records_url,
+    )
+    from hkt_nb.model import HKTClassifier, count_parameters
+except ImportError as error:  # a core-only install: the command line names the missing extra and stops
+    if __name__ == "__main__" or Path((sys.argv or [""])[0]).stem == "hkt-train":
+        raise SystemExit(f"hkt-train: {error}") from None
+    raise  # a library import keeps the ImportError
 
 # %% auto #0
-__all__ = ['finished_run', 'load_or_train', 'check_experiment_parameters', 'Experiment', 'run_experiment', 'parse_args',
-           'resume_command', 'main', 'predict_run']
+__all__ = ['finished_run', 'reusable_run', 'load_or_train', 'check_experiment_parameters', 'Experiment', 'run_experiment',
+           'parse_args', 'resume_command', 'main', 'predict_run']
 
 # %% ../../nbs/05b_runs.ipynb #57ce0bdd
 def finished_run(
@@ -80,6 +84,18 @@ def finished_run(
     return record if conforms_to_preset(record, preset) else None
 
 
+def reusable_run(
+    task: str, model: str, preset: str | Preset, seed: int,
+    results_dir="results",
+    retrain: bool = False,  # True: never reuse
+    keywords: dict | None = None,  # the keywords `train` would get (a variant's fields make it no run of the preset)
+) -> dict | None:  # the finished record to reuse, or None
+    """The finished run `load_or_train` and `hkt-train` reuse instead of training: None when `retrain`, when
+    `keywords` make the run a variant of the preset (`run_identity`), or when `finished_run` finds none."""
+    _, differences = run_identity(RunSpec(task, model, preset, seed, **split_keywords(keywords or {})[0]))
+    return None if retrain or differences else finished_run(task, model, preset, seed, results_dir)
+
+
 def load_or_train(
     task: str,  # as for `train`
     model: str = "hkt",
@@ -94,8 +110,7 @@ def load_or_train(
     (keywords go to `train`). A variant of the preset (keywords such as `epochs` or `train_overrides` that change what
     the run computes, `run_identity`) is never a finished run of the preset: it is trained, under its own name.
     The returned dict has `"loaded": True` when it was read from disk. Raises TypeError for an unknown keyword."""
-    _, differences = run_identity(RunSpec(task, model, preset, seed, **split_keywords(keywords)[0]))
-    record = None if retrain or differences else finished_run(task, model, preset, seed, results_dir)
+    record = reusable_run(task, model, preset, seed, results_dir, retrain, keywords)
     if record is not None:
         print(f"{record['run']}: loaded the finished run from {absolute_path(results_dir) / (record['run'] + '.json')} "
               f"(trained {record.get('created', '?')}, {record['hardware'].get('device', '?')})", flush=True)
@@ -262,6 +277,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="override the preset's number of epochs (another number makes the run a variant of the "
                              "preset, written under its own name)")
     parser.add_argument("--no-resume", action="store_true", help="start afresh even if a checkpoint exists")
+    parser.add_argument("--retrain", action="store_true",
+                        help="train even when a finished run of the same configuration exists (by default it is "
+                             "kept and nothing is trained; its record is replaced)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--amp", default=None, choices=list(AMP_MODES),
                         help='mixed precision (default: the preset\'s, "auto": bf16 on compute capability >= 8.0, '
@@ -292,29 +310,51 @@ def resume_command(argv) -> str:
 
 def main(argv=None) -> None:
     """Console entry point `hkt-train --task listops --model hkt --preset cpu --seed 0 [--device ...] ...`.
-    Returns None (exit status 0) when the run trained; the results are in the JSON file. Exits with a one-line
+    Returns None (exit status 0) when the run trained, or when a finished run of the same configuration exists
+    (`reusable_run`: it says so and trains nothing unless `--retrain`); the results are in the JSON file. Exits with a one-line
     message and a non-zero status when the call trained nothing (status 1: e.g. a time budget spent before the first
-    step), when another process is training the same run (1, `RunLockedError`), and on Ctrl-C (130, with the command
-    that resumes the run). Bad arguments exit with argparse's status 2."""
+    step), when another process is training the same run (1, `RunLockedError`), when the run's own record is
+    damaged (1, `UnreadableRecordError`, unless `--retrain`), and on Ctrl-C (130, with the command
+    that resumes the run, or saying that nothing was checkpointed when no epoch had finished). Bad arguments exit with argparse's status 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     arguments = parse_args(argv)
     arguments.results_dir = str(absolute_path(arguments.results_dir) if arguments.results_dir else default_results_dir())
     print(f"hkt-train: results in {arguments.results_dir}", flush=True)
     if arguments.threads is not None:
         torch.set_num_threads(arguments.threads)
+    keywords = dict(device=arguments.device, data_dir=arguments.data_dir, checkpoint_dir=arguments.checkpoint_dir,
+                    epochs=arguments.epochs, resume=not arguments.no_resume, time_budget_s=arguments.time_budget,
+                    progress=False if arguments.no_progress else None,
+                    train_overrides=_train_overrides(arguments) or None)
+    try:
+        finished = reusable_run(arguments.task, arguments.model, arguments.preset, arguments.seed,
+                                arguments.results_dir, arguments.retrain, keywords)
+    except UnreadableRecordError as error:  # neither reused nor silently trained over
+        raise SystemExit(f"hkt-train: {error}; move it away, or pass --retrain to train over it") from None
+    if finished is not None:
+        print(f"{finished['run']} already finished: {Path(arguments.results_dir) / (finished['run'] + '.json')}; "
+              "pass --retrain to train it again", flush=True)
+        return
+    name, _ = run_identity(RunSpec(arguments.task, arguments.model, arguments.preset, arguments.seed,
+                                   **split_keywords(keywords)[0]))
+    folder = (absolute_path(arguments.checkpoint_dir) if arguments.checkpoint_dir
+              else Path(arguments.results_dir) / "checkpoints" / name)
+    created = [p for p in (folder, *folder.parents) if not p.exists()]  # removed again when left empty
     if arguments.task in FULL_TRAIN_SIZE:
         print(estimated_time(arguments.task, [arguments.model], arguments.preset, [arguments.seed], arguments.device,
                              arguments.results_dir), flush=True)
     try:
-        record = train(arguments.task, arguments.model, arguments.preset, arguments.seed, device=arguments.device,
-                       data_dir=arguments.data_dir, results_dir=arguments.results_dir,
-                       checkpoint_dir=arguments.checkpoint_dir, epochs=arguments.epochs,
-                       resume=not arguments.no_resume, time_budget_s=arguments.time_budget,
-                       progress=False if arguments.no_progress else None,
-                       train_overrides=_train_overrides(arguments) or None)
+        record = train(arguments.task, arguments.model, arguments.preset, arguments.seed,
+                       results_dir=arguments.results_dir, **keywords)
     except KeyboardInterrupt:
-        print(f"\nhkt-train: interrupted; every finished epoch is checkpointed, resume with: {resume_command(argv)}",
-              file=sys.stderr, flush=True)
+        if (folder / "last.pt").exists():
+            then = f"every finished epoch is checkpointed, resume with: {resume_command(argv)}"
+        else:  # as after a time budget spent in the first epoch: nothing to resume
+            then = "no epoch finished, so nothing was checkpointed; the next run starts afresh"
+            for path in created:  # the folders this call made, deepest first, if left empty
+                if path.is_dir() and not any(path.iterdir()):
+                    path.rmdir()
+        print(f"\nhkt-train: interrupted; {then}", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     except RunLockedError as error:
         raise SystemExit(f"hkt-train: {error}") from None

@@ -191,16 +191,20 @@ def experiment_plan() -> list[tuple[str, str]]:
 
 # %% ../../nbs/04c_tasks.ipynb #28c447af
 def main(argv: list[str] | None = None) -> None:
-    "`python -m hkt_nb.lra.tasks chapters|names|plan`: the registry's lists for the Makefile and the scripts."
+    """`python -m hkt_nb.lra.tasks chapters|names|plan`: the registry's lists for the Makefile and the scripts.
+    `-h` / `--help` prints the usage (status 0); another word exits with the usage (status 1)."""
     command = (sys.argv[1:] if argv is None else argv) or ["chapters"]
-    if command[0] == "chapters":
+    usage = "usage: python -m hkt_nb.lra.tasks chapters|names|plan"
+    if command[0] in ("-h", "--help"):
+        print(f"{usage}\n  chapters: the experiment chapters; names: the benchmarks; plan: the (task, model) runs")
+    elif command[0] == "chapters":
         print(" ".join(chapters()))
     elif command[0] == "names":
         print(" ".join(BENCHMARKS))
     elif command[0] == "plan":
         print("\n".join(f"{task} {model}" for task, model in experiment_plan()))
     else:
-        raise SystemExit(f"usage: python -m hkt_nb.lra.tasks chapters|names|plan (got {command[0]!r})")
+        raise SystemExit(f"{usage} (got {command[0]!r})")
 
 # %% ../../nbs/04c_tasks.ipynb #749eeb92
 register_task(Task(
