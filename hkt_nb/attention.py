@@ -394,9 +394,10 @@ def from_mha(cls,
              kernel_size: int | None = None,  # downsampling kernel k >= s
              conv_kernel_size: int = 3,  # width of the hybrid head's convolution
              **unsupported) -> HierarchicalAttention:
-    """An HKT layer whose output equals `mha`'s to float rounding, with a non-zero gradient entry in every
-    parameter tensor outside the pyramid at the first step (Prop. 3.4; chapter *Hierarchical attention*). Dropout, bias, dtype, device and mode
-    (train / eval) are those of `mha`.
+    """An HKT layer whose output equals `mha`'s to float rounding, with a non-zero gradient entry at the first step
+    in every parameter tensor outside the pyramid except the key biases (Prop. 3.4; chapter *Hierarchical attention*).
+    The key biases shift each score row by a constant, so in a non-causal layer their gradient is exactly zero at every
+    point (chapter *Capacity*). Dropout, bias, dtype, device and mode (train / eval) are those of `mha`.
 
     Raises `TypeError` (not an `nn.MultiheadAttention`; `dropout`, `bias` or an unknown keyword passed) or
     `ValueError` (MHA features with no HKT counterpart, batch_first=False, or a bad argument)."""

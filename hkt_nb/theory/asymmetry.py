@@ -115,7 +115,7 @@ def key_share(layer: HierarchicalAttention,  # the layer
               x: torch.Tensor,  # inputs (B, T, D)
               key_padding_mask: torch.Tensor | None = None,  # (B, T) bool, True = padding
               ) -> torch.Tensor:
-    """Per-head, per-level share $\\sigma_l = \\|G_l\\Pi - \\Pi G_l\\Pi\\|^2 / \\|G_l\\Pi\\|^2$ of the key-only part
+    """Per-head, per-level share $\\tau_l = \\|G_l\\Pi - \\Pi G_l\\Pi\\|^2 / \\|G_l\\Pi\\|^2$ of the key-only part
     $\\mathbf 1 b^\\top$ in the row-centred scores (Prop. 3.6 (vii)), pooled over the batch, real tokens only: a term
     the softmax sees, whose reciprocity is not defined by the attention (any value in [0, 1] is one row shift away).
     Returns (H, L) in [0, 1] (0 where the row-centred scores are 0). Raises like `reciprocity`."""
@@ -127,8 +127,8 @@ def reciprocity_parts(layer: HierarchicalAttention,  # the layer
                       key_padding_mask: torch.Tensor | None = None,  # (B, T) bool, True = padding
                       ) -> dict[str, torch.Tensor]:
     """All the per-head, per-level measures of Prop. 3.6 from one pass over the level scores: a dict of (H, L)
-    tensors "invariant" ($r(\\Pi G_l\\Pi)$, the default of `reciprocity`), "key_share" ($\\sigma_l$, `key_share`),
-    "rows" ($r(G_l\\Pi) = (1-\\sigma_l)\\, r(\\Pi G_l\\Pi) + \\sigma_l/2$, Prop. 3.6 (vii)) and "raw" ($r(G_l)$).
+    tensors "invariant" ($r(\\Pi G_l\\Pi)$, the default of `reciprocity`), "key_share" ($\\tau_l$, `key_share`),
+    "rows" ($r(G_l\\Pi) = (1-\\tau_l)\\, r(\\Pi G_l\\Pi) + \\tau_l/2$, Prop. 3.6 (vii)) and "raw" ($r(G_l)$).
     Raises like `reciprocity`."""
     levels = _level_scores(layer, x, key_padding_mask)
     parts = {"invariant": [level_reciprocity(g, m) for g, m in levels],
@@ -168,7 +168,7 @@ def level_reciprocity(g: torch.Tensor,  # level scores (B, H, n, n)
 def level_key_share(g: torch.Tensor,  # level scores (B, H, n, n)
                     key_padding_mask: torch.Tensor | None = None,  # (B, n) bool, True = padded (coarse) token
                     ) -> torch.Tensor:
-    """Pooled key-only share $\\sigma = \\sum_b \\|G_b\\Pi - \\Pi G_b\\Pi\\|^2 / \\sum_b \\|G_b\\Pi\\|^2$ of g (B, H, n, n)
+    """Pooled key-only share $\\tau = \\sum_b \\|G_b\\Pi - \\Pi G_b\\Pi\\|^2 / \\sum_b \\|G_b\\Pi\\|^2$ of g (B, H, n, n)
     over real tokens -> (H,) (Prop. 3.6 (vii)); 0 where every $G_b\\Pi$ is 0. Raises `ValueError` like `centre_rows`."""
     rows = _real_only(centre_rows(g, key_padding_mask), key_padding_mask)
     both = double_centre(g, key_padding_mask)
@@ -262,14 +262,15 @@ def _check_level(layer, level):
 # %% ../../nbs/12_asymmetry.ipynb #6a2bae68
 def lag_profile(matrix: torch.Tensor,  # square matrices (..., n, n), no padding
                 max_lag: int,  # largest offset k
-                centred: bool = True,  # centre each row first (`centre_rows`: the softmax-visible part)
+                centred: bool = True,  # doubly centre first (`double_centre`: the part no row shift changes)
                 ) -> torch.Tensor:
     """Mean of the antisymmetric part along the sub-diagonals, $a(k) = \\mathrm{mean}_i (A_a)_{i,i-k}$ for
     k = 0..max_lag, over (..., n, n) (batch dims averaged), divided by the root-mean-square entry of A; with
-    `centred=True` (default) A is first replaced by its row-centred part $A\\Pi$ (Prop. 3.6 (vi)).
+    `centred=True` (default) A is first replaced by its doubly centred $\\Pi A\\Pi$ (Prop. 3.6 (vii)), which no row shift
+    $A + c\\mathbf 1^\\top$ and no key-only term $\\mathbf 1 b^\\top$ changes.
     Returns (max_lag + 1,); positive = rows score earlier columns higher than vice versa."""
     if centred:
-        matrix = centre_rows(matrix)
+        matrix = double_centre(matrix)
     _, a = sym_antisym_split(matrix)
     n = matrix.shape[-1]
     rms = matrix.pow(2).mean().sqrt().clamp(min=torch.finfo(matrix.dtype).tiny)

@@ -143,7 +143,9 @@ def centred_sym_eigenvalues(scores: torch.Tensor,  # score matrices (B, T, T) or
                             key_padding_mask: torch.Tensor | None = None,  # (B, T) bool, True = padding
                             ) -> torch.Tensor:
     """Eigenvalues (ascending, float64) of `centred_sym(scores, key_padding_mask)`: the spectrum of $\\operatorname{sym}(S)$
-    compressed to $\\mathbf 1^\\perp$ (Prop. 3.1 (6); its sign, not its magnitudes, is representative-free). Shape (..., T); it includes one zero per sequence (the direction 1) and one per padded position."""
+    compressed to $\\mathbf 1^\\perp$ (Prop. 3.1 (6)). Its eigenvalues are representative-free ($\\Pi\\operatorname{sym}(S + c\\mathbf 1^\\top)\\Pi = \\Pi\\operatorname{sym}(S)\\Pi$
+    exactly); they are the extreme values of the score's quadratic form on zero-sum vectors, not the eigenvalues of any
+    particular representative. Shape (..., T); it includes one zero per sequence (the direction 1) and one per padded position."""
     return torch.linalg.eigvalsh(centred_sym(scores, key_padding_mask))
 
 
