@@ -70,7 +70,7 @@ def level_scores(
     q: torch.Tensor,  # (B, H, T_l, d) queries
     k: torch.Tensor,  # (B, H, T_l, d) keys
 ) -> torch.Tensor:  # (B, H, T_l, T_l), float32 or wider
-    """Eq. (1): $S^{(l)} = (Q^{(l)} / \sqrt d)\, K^{(l)\top}$, scaled before the product and formed in float32 (or
+    r"""Eq. (1): $S^{(l)} = (Q^{(l)} / \sqrt d)\, K^{(l)\top}$, scaled before the product and formed in float32 (or
     the inputs' wider dtype) outside autocast, so float16 activations do not overflow."""
     dtype = torch.promote_types(q.dtype, torch.float32)
     autocast_on = q.device.type != "meta" and torch.is_autocast_enabled(q.device.type)  # meta has no autocast
@@ -86,7 +86,7 @@ def upsample_index(
     causal: bool = False,  # completed-block map instead of the nearest block
     device=None,  # device of the returned tensors
 ):  # (index, valid), two (T,) tensors
-    """Index map $\pi_l$ of the block upsampling $U_l$ (Eq. 2): nearest block $\lfloor i/s^l \rfloor$, or in causal
+    r"""Index map $\pi_l$ of the block upsampling $U_l$ (Eq. 2): nearest block $\lfloor i/s^l \rfloor$, or in causal
     mode the completed-block map $\lfloor (i+1)/s^l \rfloor - 1$.
 
     Returns `(index, valid)`: fine position i reads coarse token `index[i]`; where `valid` is False (causal
@@ -121,7 +121,7 @@ def fuse_scores(
     upsampled: list[torch.Tensor],  # L tensors (B, H, T, T), Eq. (2)
     lambdas: torch.Tensor,  # (H, L), rows summing to one
 ) -> torch.Tensor:  # (B, H, T, T)
-    "Eq. (3): $S = \sum_l \lambda_l \mathrm{Up}(S^{(l)})$, per head."
+    r"Eq. (3): $S = \sum_l \lambda_l \mathrm{Up}(S^{(l)})$, per head."
     return sum(lam[None, :, None, None] * s for lam, s in zip(lambdas.unbind(-1), upsampled))
 
 
@@ -131,7 +131,7 @@ def masked_attention(
     dropout_p: float = 0.0,  # dropout on the probabilities
     training: bool = False,  # apply the dropout
 ) -> torch.Tensor:  # (B, H, T, T) probabilities
-    "Eq. (4), the probabilities: softmax over keys with disallowed pairs at $-\infty$ (the mask, once, after fusion)."
+    r"Eq. (4), the probabilities: softmax over keys with disallowed pairs at $-\infty$ (the mask, once, after fusion)."
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     return F.dropout(scores.softmax(-1), dropout_p, training)
@@ -155,7 +155,7 @@ def fused_queries_keys(
     stride: int,  # stride s
     causal: bool,  # completed-block map (causal mode)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # two (B, H, T, L d) tensors
-    """$\tilde Q, \tilde K$ of the fused form: concatenations over levels of $\sqrt{\lambda_l} U_l Q^{(l)}$ and
+    r"""$\tilde Q, \tilde K$ of the fused form: concatenations over levels of $\sqrt{\lambda_l} U_l Q^{(l)}$ and
     $\sqrt{\lambda_l} U_l K^{(l)}$, so that $\tilde Q \tilde K^\top = \sqrt d\, S$ (Eq. 3)."""
     q_cat, k_cat = [], []
     for l, (q, k) in enumerate(zip(qs, ks)):
@@ -249,20 +249,20 @@ class HierarchicalAttention(nn.Module):
 @add_to_class(HierarchicalAttention)
 @property
 def lambdas(self) -> torch.Tensor:
-    "Convex level weights $\lambda$ (H, L): softmax of the fusion logits, rows sum to one (Eq. 3)."
+    r"Convex level weights $\lambda$ (H, L): softmax of the fusion logits, rows sum to one (Eq. 3)."
     return self.level_logits.softmax(-1)
 
 
 @add_to_class(HierarchicalAttention)
 @property
 def gates(self) -> torch.Tensor:
-    "Hybrid gates $g = \sigma(\gamma)$ (H,), 1 = pure attention, 0 = pure convolution (Eq. 5)."
+    r"Hybrid gates $g = \sigma(\gamma)$ (H,), 1 = pure attention, 0 = pure convolution (Eq. 5)."
     return torch.sigmoid(self.gate_logits)
 
 # %% ../nbs/02_attention.ipynb #2389b6e0
 @add_to_class(HierarchicalAttention)
 def levels(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None):
-    """The level tokens $X^{(0)}, \dots, X^{(L-1)}$ the projections read, for x (B, T, D) and an optional
+    r"""The level tokens $X^{(0)}, \dots, X^{(L-1)}$ the projections read, for x (B, T, D) and an optional
     key_padding_mask (B, T) (True = padding): `(levels, masks)`, L tensors (B, T_l, D) and L bool tensors
     (B, T_l), $T_l = \lceil T/s^l \rceil$. Level 0 is `x` as given; the coarser levels are the pyramid's
     (chapter *Causal downsampling*). Raises like `forward` for bad inputs."""

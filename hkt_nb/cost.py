@@ -23,7 +23,7 @@ def score_cost_ratio(
     n_levels: int,  # number of levels L >= 1
     stride: int = 2,  # stride s >= 2
 ) -> float:  # dimensionless ratio
-    """Cost of HKT's per-level score products relative to one full-resolution $QK^\top$:
+    r"""Cost of HKT's per-level score products relative to one full-resolution $QK^\top$:
     $\sum_{l<L} s^{-2l} = (1 - s^{-2L}) / (1 - s^{-2})$ (paper, cost analysis; derived in this chapter).
 
     Raises `TypeError` / `ValueError` if `n_levels < 1` or `stride < 2`."""
@@ -36,7 +36,7 @@ def score_excess_bound(
     n_levels: int,  # number of levels L >= 1
     stride: int = 2,  # stride s >= 2
 ) -> float:  # dimensionless
-    """Tight bound on the excess of the exact score-cost ratio $\sum_{l<L} \lceil T/s^l\rceil^2/T^2$ over
+    r"""Tight bound on the excess of the exact score-cost ratio $\sum_{l<L} \lceil T/s^l\rceil^2/T^2$ over
     `score_cost_ratio`: $\sum_{l=1}^{L-1} [2(1 - s^{-l})s^{-l}/T + (1 - s^{-l})^2/T^2]$, attained iff
     $T \equiv 1 \pmod{s^{L-1}}$ (derived in this chapter). Raises `TypeError` / `ValueError` for T < 1, L < 1, s < 2."""
     check_int("T", T, 1), check_int("n_levels", n_levels, 1), check_int("stride", stride, 2)

@@ -22,7 +22,7 @@ def level_lengths(
     n_levels: int,  # number of levels L >= 1
     stride: int = 2,  # downsampling stride s >= 2
 ) -> list[int]:  # [T_0, ..., T_{L-1}]
-    """Lengths $T_l = \lceil T / s^l \rceil$ of the levels $l = 0, \dots, L-1$ (HKT paper, Sec. 3).
+    r"""Lengths $T_l = \lceil T / s^l \rceil$ of the levels $l = 0, \dots, L-1$ (HKT paper, Sec. 3).
 
     Raises `ValueError` (or `TypeError` for non-integers) if `T < 1`, `n_levels < 1` or `stride < 2`."""
     check_int("T", T, 1), check_int("n_levels", n_levels, 1), check_int("stride", stride, 2)
@@ -30,7 +30,7 @@ def level_lengths(
 
 # %% ../nbs/01_downsampling.ipynb #bc8e8229
 class CausalDownsample(nn.Module):
-    """One causal downsampling step $\mathrm{Down}$ (HKT paper, Sec. 3; our reconstruction, chapter *Causal downsampling*).
+    r"""One causal downsampling step $\mathrm{Down}$ (HKT paper, Sec. 3; our reconstruction, chapter *Causal downsampling*).
 
     Depthwise `Conv1d` (kernel $k \ge s$, stride $s$, left padding $k - s$) followed by a pointwise linear map.
     Coarse token $m$ reads input positions $ms - (k - s), \dots, (m+1)s - 1$.
@@ -72,7 +72,7 @@ def pad_to_stride(
     key_padding_mask: torch.Tensor,  # (B, T) bool, True = padding
     stride: int,  # stride s >= 2
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (B, s ceil(T/s), D) and (B, s ceil(T/s))
-    """x right-padded with zeros to $s \lceil T/s \rceil$ positions (at most $s - 1$ more), and the mask with
+    r"""x right-padded with zeros to $s \lceil T/s \rceil$ positions (at most $s - 1$ more), and the mask with
     `True` there (internal padding is padding). The amount is an expression in T (no Python branch), written
     so that a symbolic T of `torch.export` simplifies: the step then has exactly $\lceil T/s \rceil$ tokens."""
     extra = (x.shape[1] + stride - 1) // stride * stride - x.shape[1]
@@ -80,7 +80,7 @@ def pad_to_stride(
 
 
 class Pyramid(nn.Module):
-    """The level pyramid $X^{(0)}, \dots, X^{(L-1)}$ of HKT (paper Sec. 3; our reconstruction).
+    r"""The level pyramid $X^{(0)}, \dots, X^{(L-1)}$ of HKT (paper Sec. 3; our reconstruction).
 
     `forward(x, key_padding_mask=None)` takes x (B, T, D) and an optional bool mask (B, T), True = padding,
     and returns `(levels, masks)`: lists of length `n_levels` with `levels[l]` of shape (B, T_l, D) and
@@ -121,7 +121,7 @@ def receptive_field(
     stride: int = 2,  # stride s >= 2
     kernel_size: int | None = None,  # depthwise kernel k >= s (None: k = s)
 ) -> tuple[int, int]:  # (first, last) fine position, inclusive
-    """First and last fine position (inclusive; negative = before the sequence) that coarse token `m` of level
+    r"""First and last fine position (inclusive; negative = before the sequence) that coarse token `m` of level
     `level` depends on, for the `Pyramid` with this stride and kernel size: $[m s^l - (k-s)(s^l-1)/(s-1),\ (m+1)s^l - 1]$.
 
     Raises `TypeError` / `ValueError` naming a bad argument."""

@@ -69,3 +69,13 @@ def test_star_imports_bind_no_method_names():
                    "levels", "level_queries_keys", "causal_value_conv"):
         assert method not in namespace, method
     assert namespace["HierarchicalAttention"].forward.__qualname__ == "HierarchicalAttention.forward"
+
+
+def test_every_module_compiles_without_invalid_escapes(repo_root):
+    "Docstrings with TeX are raw strings: no `\\t` of `\\top` silently becomes a tab (SyntaxWarning in newer Pythons)."
+    import warnings
+    for path in sorted((repo_root / "hkt_nb").rglob("*.py")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", SyntaxWarning)
+            warnings.simplefilter("error", DeprecationWarning)
+            compile(path.read_text(), str(path), "exec")
