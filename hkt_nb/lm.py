@@ -22,7 +22,7 @@ from . import decoding
 from ._checks import check_choice, check_float, check_int
 from .attention import MultiHeadAttention, attention_mask, check_attention_inputs, level_scores, masked_attention
 from .decoding import CACHES, KVCache
-from .model import ClassifierConfig, EncoderBlock, check_input_ids, make_attention, register_attention
+from .model import ClassifierConfig, EncoderBlock, check_input_ids, count_parameters, make_attention, register_attention
 
 # %% auto #0
 __all__ = ['NO_DECAY_NAMES', 'RECORD_VERSION', 'LM_MODELS', 'LM_SEEDS', 'LM_PRESETS', 'window_mask', 'WindowParams',
@@ -249,7 +249,7 @@ def count_lm_parameters(cfg_or_model) -> int:
     if isinstance(cfg_or_model, LMConfig):
         with torch.device("meta"):
             cfg_or_model = ByteLM(cfg_or_model)
-    return sum(p.numel() for p in cfg_or_model.parameters() if p.requires_grad)
+    return count_parameters(cfg_or_model)
 
 # %% ../nbs/15_lm.ipynb #ecd664fb
 def imdb_bytes(

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import platform
 import statistics
 import sys
 import time
@@ -29,19 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from bench_cost import cpu_name  # noqa: E402  (scripts/ is on sys.path when this file runs as a script)
 
 from hkt_nb.attention import HierarchicalAttention, MultiHeadAttention  # noqa: E402
 from hkt_nb.decoding import layer_cache, prefill, step  # noqa: E402
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def timed(fn, repeats: int) -> list[float]:
