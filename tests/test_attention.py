@@ -339,3 +339,15 @@ def test_nan_and_inf_in_padded_positions_do_not_reach_real_tokens(cls, causal, r
         torch.testing.assert_close(out, layer(clean, kpm, impl=impl), rtol=0, atol=0)
         if cls is HierarchicalAttention:
             assert all(s.isfinite().all() for s in layer.scores(dirty, kpm).levels)
+
+
+def test_readme_parameter_counts_are_the_layers(repo_root):
+    "The per-layer parameter counts the README's drop-in section quotes (D = 128, H = 4) are those of the layers."
+    import re
+    text = re.sub(r"\s+", " ", (repo_root / "README.md").read_text())
+    quoted = re.search(r"`MultiHeadAttention` ([\d,]+) parameters; HKT with 1 level \(attention plus the hybrid "
+                       r"convolution\) ([\d,]+); 2 levels ([\d,]+); 3 levels ([\d,]+)", text)
+    assert quoted, "the README's cost sentence changed: update this test"
+    counts = [sum(p.numel() for p in layer.parameters()) for layer in
+              [MultiHeadAttention(128, 4)] + [HierarchicalAttention(128, 4, n_levels=L) for L in (1, 2, 3)]]
+    assert [int(n.replace(",", "")) for n in quoted.groups()] == counts
