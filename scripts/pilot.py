@@ -21,9 +21,10 @@ if str(ROOT) not in sys.path:
 #: name -> (task, load_benchmark options, seq_len, TrainConfig overrides). In priority order.
 CANDIDATES = {
     "listops-short-100k": ("listops", {"setting": "short"}, 128, dict(n_train=20_000, epochs=5)),
+    "listops-short-200k": ("listops", {"setting": "short"}, 128, dict(n_train=40_000, epochs=5)),
     "listops-paper-48k": ("listops", {"setting": "paper"}, 512, dict(n_train=16_000, epochs=3)),
-    "scifar10-30k": ("scifar10", {}, 1024, dict(n_train=10_000, epochs=3)),
-    "imdb-30k": ("imdb", {}, 1024, dict(n_train=10_000, epochs=3)),
+    "scifar10-20k": ("scifar10", {}, 1024, dict(n_train=10_000, epochs=2)),
+    "imdb-20k": ("imdb", {}, 1024, dict(n_train=10_000, epochs=2)),
 }
 MODELS = ("hkt", "mha")
 N_VAL, N_TEST = 1000, 1000  # the pilot chooses on validation; its test scores are not used

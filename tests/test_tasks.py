@@ -224,3 +224,33 @@ def test_scripts_read_chapters_and_queue_from_the_registry(build_book, repo_root
     assert {task for task, _, _ in runner.queue("cpu", {"imdb"}, tmp_path)} == {"imdb"}
     with pytest.raises(KeyError, match="task"):
         runner.queue("cpu", {"pathfinder"}, tmp_path)
+
+
+def test_seq_len_for_follows_the_task_options():
+    "T comes from the task's options (ListOps' setting), the defaults when none are given; unknown options are refused."
+    listops = T.get_task("listops")
+    assert listops.seq_len_for() == listops.seq_len_for(None) == 512
+    assert listops.seq_len_for({"setting": "short"}) == LISTOPS_SETTINGS["short"]["seq_len"] == 128
+    assert listops.seq_len_for({"setting": "lra"}) == 2000
+    assert T.get_task("scifar10").seq_len_for() == 1024 and T.get_task("scifar10").seq_len_for({"rgb": True}) == 3072
+    with pytest.raises(ValueError, match="unknown option"):
+        listops.seq_len_for({"colour": True})
+    with pytest.raises(ValueError, match="setting"):
+        listops.seq_len_for({"setting": "medium"})
+
+
+def test_task_options_reach_the_model_and_the_data(tmp_path):
+    "A preset whose TrainConfig has task_options builds a model of that T and loads data of that setting."
+    from dataclasses import replace
+
+    from hkt_nb.lra.benchmarks import load_task
+    from hkt_nb.lra.config import PRESETS, TrainConfig, build_config
+
+    with pytest.raises(TypeError, match="task_options"):
+        TrainConfig(task_options=["short"])
+    preset = replace(PRESETS["smoke"], train=replace(PRESETS["smoke"].train, task_options={"setting": "short"}))
+    assert build_config("listops", "hkt", preset, 16, 10).max_len == 128
+    assert build_config("listops", "hkt", PRESETS["smoke"], 16, 10).max_len == 512
+    data = load_task("listops", caps={"train": 40, "validation": 20, "test": 20}, options={"setting": "short"})
+    lengths = [len(ids) for ids in data["train"]["input_ids"]]
+    assert max(lengths) <= 128 < 129 and min(lengths) >= 32 // 2  # tokens drop the parentheses of the 32..128 window

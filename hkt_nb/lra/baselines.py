@@ -231,7 +231,8 @@ def baseline_splits(task: str, preset: str, data_dir=None) -> dict:
     from hkt_nb.lra.config import get_preset
 
     train_config = get_preset(preset).train_config(task)
-    data = load_task(task, data_dir, caps=train_config.caps(), seed=train_config.data_seed)
+    data = load_task(task, data_dir, caps=train_config.caps(), seed=train_config.data_seed,
+                     options=train_config.task_options)
     return {s: split_sequences(data[s]) for s in SPLITS}
 
 

@@ -310,13 +310,17 @@ def task_sizes(task: str, dataset_dict=None) -> tuple[int, int]:
     return vocab_size, n_classes
 
 
-def load_task(task: str, data_dir=None, *, caps: dict | None = None, seed: int = 0) -> datasets.DatasetDict:
-    """The `DatasetDict` of a registered `task` at its sequence length (`Task.seq_len`), each split capped by `caps`
-    (split -> n or None, as `TrainConfig.caps` gives) to a fixed random subset drawn with `seed`. The caps are
-    applied here, once: the splits come back at their final sizes. Raises KeyError for an unknown task."""
+def load_task(task: str, data_dir=None, *, caps: dict | None = None, seed: int = 0,
+              options: dict | None = None) -> datasets.DatasetDict:
+    """The `DatasetDict` of a registered `task` with its own `options` (None: the task's defaults; e.g. ListOps'
+    `setting`, as `TrainConfig.task_options` gives) at their sequence length (`Task.seq_len_for`), each split capped by
+    `caps` (split -> n or None, as `TrainConfig.caps` gives) to a fixed random subset drawn with `seed`. The caps are
+    applied here, once: the splits come back at their final sizes. Raises KeyError for an unknown task, ValueError
+    for an option the task does not have."""
     record = _task(task)
     caps = {split: cap for split, cap in (caps or {}).items() if cap is not None} or None
-    return load_benchmark(record, data_dir=data_dir, seq_len=record.seq_len, max_examples=caps, seed=seed)
+    return load_benchmark(record, data_dir=data_dir, seq_len=record.seq_len_for(options), max_examples=caps, seed=seed,
+                          **(options or {}))
 
 
 def subsample(split: datasets.Dataset, n: int | None, seed: int) -> datasets.Dataset:

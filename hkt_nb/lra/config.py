@@ -43,6 +43,7 @@ class TrainConfig:
     n_test: int | None = None
     eval_batch_size: int | None = None  # default 2 * batch_size
     data_seed: int = 0
+    task_options: dict | None = None  # the task's own data options (`Task.options`, e.g. ListOps' setting); None: defaults
     amp: str = "auto"  # "auto" (bf16 / fp16 on GPUs, float32 on CPU), "bf16", "fp16" or "off"
     num_workers: int | None = None  # DataLoader worker processes; None: sized to the machine on CUDA, 0 on CPU
     save_model: bool = False  # keep the best model's weights under results/checkpoints/
@@ -59,6 +60,8 @@ class TrainConfig:
         check_float("min_lr_ratio", self.min_lr_ratio, 0, 1), check_float("grad_clip", self.grad_clip, 0)
         check_int("data_seed", self.data_seed, 0), check_int("num_workers", self.num_workers, 0, allow_none=True)
         check_bool("save_model", self.save_model)
+        if self.task_options is not None and not isinstance(self.task_options, dict):
+            raise TypeError(f"task_options must be None or a dict of the task's options, got {self.task_options!r}")
         check_bool("pin_memory", self.pin_memory, allow_none=True), check_bool("compile", self.compile, allow_none=True)
         check_choice("amp", self.amp, AMP_MODES)
 
@@ -216,7 +219,7 @@ def build_config(
 
     arm = get_arm(model)
     reference = ClassifierConfig.from_dict({"vocab_size": vocab_size, "n_classes": n_classes, "attention": "hkt",
-                                            "max_len": seq_len or SEQ_LEN[task], **preset.model, **overrides})
+                                            "max_len": seq_len or get_task(task).seq_len_for(preset.train_config(task).task_options), **preset.model, **overrides})
     config = _arm_config(reference, arm)
     if arm.matched_to is None:
         return config
@@ -365,7 +368,8 @@ class RunSpec:
         train_config = self.train_config()
         caps = train_config.caps()
         if self.dataset is None:
-            dataset_dict = load_task(self.task, data_dir, caps=caps, seed=train_config.data_seed)
+            dataset_dict = load_task(self.task, data_dir, caps=caps, seed=train_config.data_seed,
+                                     options=train_config.task_options)
             splits = {split: dataset_dict[split] for split in caps}
         else:
             missing = [split for split in caps if split not in self.dataset]

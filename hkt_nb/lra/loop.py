@@ -21,6 +21,7 @@ from ..model import HKTClassifier
 from . import checkpoints, distributed, records  # the plumbing, each a section after this one
 from .benchmarks import absolute_path
 from .config import Preset, RunOptions, RunSpec, TrainConfig, build_config, run_identity, split_keywords
+from .tasks import get_task
 
 # %% auto #0
 __all__ = ['train', 'param_groups', 'lr_factor', 'Run', 'build_run', 'train_one_epoch', 'evaluate', 'validate', 'finish']
@@ -142,7 +143,9 @@ def build_run(spec: RunSpec, options: RunOptions) -> Run:
     checkpoint_dir = checkpoints.writable_folder(absolute_path(options.checkpoint_dir) if options.checkpoint_dir
                                                  else results_dir / "checkpoints" / name, "checkpoint_dir")
     splits, vocab_size, n_classes = spec.load_splits(options.data_dir)
-    model_config = build_config(spec.task, spec.model, spec.preset, vocab_size, n_classes, **(spec.model_overrides or {}))
+    seq_len = get_task(spec.task).seq_len_for(train_config.task_options)  # the T of the run's data options
+    model_config = build_config(spec.task, spec.model, spec.preset, vocab_size, n_classes, seq_len,
+                                **(spec.model_overrides or {}))
     checkpoints.seed_everything(spec.seed)
     model = HKTClassifier(model_config).to(device)
     network = distributed.wrap(model, train_config, device, world)  # compiled in place on CUDA, in DDP for world > 1

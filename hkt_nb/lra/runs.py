@@ -26,7 +26,6 @@ try:  # the [lra] extra: its absence is reported by `hkt-train` in one line, nev
         AMP_MODES,
         ARMS,
         PRESETS,
-        SEQ_LEN,
         TASKS,
         Preset,
         RunSpec,
@@ -42,6 +41,7 @@ try:  # the [lra] extra: its absence is reported by `hkt-train` in one line, nev
     from hkt_nb.lra.distributed import resolve_device
     from hkt_nb.lra.loop import evaluate, train
     from hkt_nb.lra.records import UnreadableRecordError, read_record, save_predictions
+    from hkt_nb.lra.tasks import get_task
     from hkt_nb.lra.workspace import (  # noqa: F401 (FULL_TRAIN_SIZE, fetch_record, records_url: also read from here)
         FULL_TRAIN_SIZE,
         default_results_dir,
@@ -222,7 +222,7 @@ def run_experiment(
     vocab_size, n_classes = task_sizes(task)
     experiment = Experiment(task, preset_object, {m: build_config(task, m, preset_object, vocab_size, n_classes)
                                                   for m in params["models"]}, preset_object.train_config(task))
-    print(f"preset {preset_object.name!r}: {preset_object.why}\ntask {task}: T = {SEQ_LEN[task]}, vocabulary "
+    print(f"preset {preset_object.name!r}: {preset_object.why}\ntask {task}: T = {get_task(task).seq_len_for(preset_object.train_config(task).task_options)}, vocabulary "
           f"{vocab_size}, {n_classes} classes; models {params['models']}, seeds {params['seeds']}; results in "
           f"{params['results_dir']}", flush=True)
     print(estimated_time(task, params["models"], preset_object, params["seeds"], device, params["results_dir"]),
@@ -381,7 +381,8 @@ def predict_run(
     if "model_path" not in record:
         raise ValueError(f"{results_path}: the run saved no model (save_model=False); it must be retrained")
     train_config = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in record["config"]["train"].items()})
-    test_split = load_task(record["task"], data_dir, caps=train_config.caps(), seed=train_config.data_seed)["test"]
+    test_split = load_task(record["task"], data_dir, caps=train_config.caps(), seed=train_config.data_seed,
+                           options=train_config.task_options)["test"]
     device = resolve_device(device)
     network = HKTClassifier.from_checkpoint(results_path.parent / record["model_path"]).to(device)
     loader = make_dataloader(test_split, 2 * train_config.batch_size, seed=record["seed"],

@@ -82,6 +82,14 @@ class Task:
         if set(self.paper) - set(self.models):
             raise ValueError(f"paper: models {sorted(set(self.paper) - set(self.models))} are not among {self.models}")
 
+    def seq_len_for(self, options: dict | None = None) -> int:
+        """T of this task with its own `options` (None: the defaults `options`): what `check` returns, else
+        `seq_len`. Raises ValueError naming an option the task does not have (and `check`'s errors)."""
+        unknown = sorted(set(options or {}) - set(self.options))
+        if unknown:
+            raise ValueError(f"{self.name}: unknown option(s) {unknown} (its options: {sorted(self.options) or 'none'})")
+        return self.check(self, None, **{**self.options, **(options or {})}) if self.check else self.seq_len
+
     def __repr__(self):
         shown = ", ".join(f"{f.name}={getattr(self, f.name).__name__ if callable(getattr(self, f.name)) else getattr(self, f.name)!r}"
                           for f in fields(self) if getattr(self, f.name) not in (None, {}, (), ""))
