@@ -8,9 +8,8 @@ Records go to `results/pilot/<candidate>-<model>.json` (the loop's record plus t
 finished candidate is skipped, an interrupted one resumes from its last epoch checkpoint. One thread per process.
 `--baselines` fits the task's trivial baselines on each candidate's own splits (`baselines-<candidate>.json`).
 
-The rule that turns the pilot into the `cpu` preset (chapter 5, *The pilot*): per task, the cheapest candidate
-(training time of both models) in which both models' best validation accuracy exceeds the strongest trivial
-baseline's validation accuracy by at least MARGIN; a task with no such candidate is excluded from the verdicts.
+The candidates and the rule that turns them into the `cpu` preset are the library's (`hkt_nb.lra.pilot`, chapter
+*The pilot*), which also reads and plots what this script writes.
 """
 from __future__ import annotations
 
@@ -23,17 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-#: name -> (task, load_benchmark options, seq_len, TrainConfig overrides). In priority order.
-CANDIDATES = {
-    "listops-short-100k": ("listops", {"setting": "short"}, 128, dict(n_train=20_000, epochs=5)),
-    "listops-short-200k": ("listops", {"setting": "short"}, 128, dict(n_train=40_000, epochs=5)),
-    "listops-paper-48k": ("listops", {"setting": "paper"}, 512, dict(n_train=16_000, epochs=3)),
-    "scifar10-20k": ("scifar10", {}, 1024, dict(n_train=10_000, epochs=2)),
-    "imdb-20k": ("imdb", {}, 1024, dict(n_train=10_000, epochs=2)),
-}
-MODELS = ("hkt", "mha")
-MARGIN = 0.05  # accuracy points (as a fraction) above the strongest baseline on validation, for both models
-N_VAL, N_TEST = 1000, 1000  # the pilot chooses on validation; its test scores are not used
+from hkt_nb.lra.pilot import PILOT_CANDIDATES as CANDIDATES  # noqa: E402 (the candidates and the rule: chapter 5g)
+from hkt_nb.lra.pilot import PILOT_MODELS as MODELS  # noqa: E402
+from hkt_nb.lra.pilot import PILOT_N_TEST as N_TEST  # noqa: E402
+from hkt_nb.lra.pilot import PILOT_N_VAL as N_VAL  # noqa: E402
 
 
 def pilot_path(results: Path, candidate: str, model: str) -> Path:
@@ -42,6 +34,7 @@ def pilot_path(results: Path, candidate: str, model: str) -> Path:
 
 def run(candidate: str, model: str, results: Path) -> dict:
     import torch
+
     from hkt_nb.lra.benchmarks import load_benchmark
     from hkt_nb.lra.loop import train
 
