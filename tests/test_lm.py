@@ -609,3 +609,18 @@ def test_learned_the_task_needs_every_seed_above_the_baseline():
     assert counted_lm_verdict("x", lm_learned_the_task({0: good}, base), lm_learned_the_task({0: good}, base), ("a", "b")) == "x"
     with pytest.raises(ValueError, match="different held-out windows"):
         lm_learned_the_task({0: {"sequence_bpb": [1.0]}}, base)
+
+
+def test_alpha_is_chosen_on_the_end_of_the_training_text_only():
+    rng = np.random.default_rng(1)
+    train = bytes(rng.integers(97, 105, 4_000).tolist())
+    held_out = bytes(rng.integers(97, 105, 900).tolist())
+    out = fit_ngram_baselines(train, held_out, block=16, orders=(2,), alphas=(0.3, 3.0), val_fraction=0.1)["ngram2"]
+    head, tail = train[:3_600], torch.frombuffer(bytearray(train[3_600:]), dtype=torch.uint8)  # the last 10 %
+    for alpha in (0.3, 3.0):
+        expected = ngram_bits_per_byte(fit_byte_ngram(head, 2), eval_windows(tail, 16), alpha).mean()
+        assert out["validation_bpb_by_alpha"][repr(alpha)] == pytest.approx(expected, rel=1e-12)
+    held = ngram_bits_per_byte(fit_byte_ngram(train, 2), eval_windows(torch.frombuffer(bytearray(held_out), dtype=torch.uint8), 16), out["alpha"])
+    np.testing.assert_allclose(out["sequence_bpb"], held, rtol=1e-12)  # refit on the whole training text
+    other = fit_ngram_baselines(train, held_out[::-1], block=16, orders=(2,), alphas=(0.3, 3.0), val_fraction=0.1)["ngram2"]
+    assert other["validation_bpb_by_alpha"] == out["validation_bpb_by_alpha"]  # the held-out text chooses nothing
