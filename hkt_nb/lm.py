@@ -25,12 +25,15 @@ from .decoding import CACHES, KVCache
 from .model import ClassifierConfig, EncoderBlock, check_input_ids, count_parameters, make_attention, register_attention
 
 # %% auto #0
-__all__ = ['NO_DECAY_NAMES', 'RECORD_VERSION', 'LM_MODELS', 'LM_SEEDS', 'LM_PRESETS', 'window_mask', 'WindowParams',
-           'SlidingWindowAttention', 'LMConfig', 'ByteLM', 'configure_optimizer', 'count_lm_parameters', 'imdb_bytes',
-           'as_tensor', 'random_batch', 'eval_windows', 'lm_loss', 'sequence_bits_per_byte', 'LMTrainConfig', 'lr_at',
-           'train_lm', 'save_record', 'load_record', 'RecomputeDecoder', 'generate', 'generation_ms_per_token',
-           'WindowKVCache', 'CachedDecoder', 'default_decoder', 'LMPreset', 'match_lm_parameters', 'lm_model_config',
-           'lm_run_name', 'default_lm_results_dir', 'run_lm', 'compare_lm']
+__all__ = ['NO_DECAY_NAMES', 'RECORD_VERSION', 'LM_MODELS', 'LM_SEEDS', 'LM_PRESETS', 'NGRAM_ORDERS', 'NGRAM_ALPHAS',
+           'MAX_NGRAM_ORDER', 'NGRAM_RECORD_VERSION', 'window_mask', 'WindowParams', 'SlidingWindowAttention',
+           'LMConfig', 'ByteLM', 'configure_optimizer', 'count_lm_parameters', 'imdb_bytes', 'as_tensor',
+           'random_batch', 'eval_windows', 'lm_loss', 'sequence_bits_per_byte', 'LMTrainConfig', 'lr_at', 'train_lm',
+           'save_record', 'load_record', 'RecomputeDecoder', 'generate', 'generation_ms_per_token', 'WindowKVCache',
+           'CachedDecoder', 'default_decoder', 'LMPreset', 'match_lm_parameters', 'lm_model_config', 'lm_run_name',
+           'default_lm_results_dir', 'run_lm', 'compare_lm', 'ByteNGram', 'fit_byte_ngram',
+           'interpolated_ngram_probability', 'ngram_window_counts', 'ngram_bits_per_byte', 'ngram_distribution',
+           'fit_ngram_baselines', 'ngram_baselines', 'lm_learned_the_task', 'counted_lm_verdict']
 
 # %% ../nbs/15_lm.ipynb #36cf79dc
 def window_mask(
@@ -791,3 +794,302 @@ def compare_lm(
     low, high = np.quantile(delta[boot].mean(1), [0.025, 0.975])
     return {"model_a": record_a.get("model", "A"), "model_b": record_b.get("model", "B"), "difference": float(delta.mean()),
             "p_value": float(p_value), "low": float(low), "high": float(high), "n": int(n)}
+
+# %% ../nbs/15_lm.ipynb #a5b1c002
+NGRAM_ORDERS = (1, 2, 3, 4)  # the orders of the chapter's baselines (1: unigram)
+NGRAM_ALPHAS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)  # the grid alpha is chosen from
+MAX_NGRAM_ORDER = 7  # an n-gram's code, 8 bits per byte, must fit an int64
+
+
+def _byte_array(data, name: str = "data") -> np.ndarray:
+    "Bytes, a bytearray, a 1-D uint8 tensor or a 1-D uint8 array as a (N,) uint8 array."
+    if isinstance(data, np.ndarray):
+        if data.dtype != np.uint8 or data.ndim != 1:
+            raise TypeError(f"{name} must be a 1-D uint8 array, got {data.dtype} of shape {data.shape}")
+        return data
+    try:
+        return as_tensor(data).numpy()
+    except TypeError as e:
+        raise TypeError(f"{name}: {e}") from None
+
+
+@dataclass
+class ByteNGram:
+    """The counts of a byte n-gram model of order `order` (`fit_byte_ngram`). For each level k = 1..order (list
+    index k - 1): `joint[k-1]` = (sorted codes of the k-grams of the training text, their counts) and `context[k-1]`
+    = (sorted codes of their (k-1)-byte contexts, the number of times each is followed by a byte), both int64 arrays.
+    A k-gram ending at byte i has the code sum_j x[i-j] 256^j (the predicted byte in the lowest 8 bits), its context
+    the code shifted right by 8 bits; level 1's only context is the empty one (code 0, count N)."""
+    order: int
+    joint: list
+    context: list
+    n_bytes: int  # N, the length of the training text
+    fit_time_s: list  # wall seconds spent counting each level
+    fit_cpu_s: list  # CPU seconds of the same
+
+    def truncated(self, order: int) -> ByteNGram:
+        "The model of order `order` <= self.order made of the first `order` levels (the same counts)."
+        check_int("order", order, 1, self.order)
+        return replace(self, order=order, joint=self.joint[:order], context=self.context[:order],
+                       fit_time_s=self.fit_time_s[:order], fit_cpu_s=self.fit_cpu_s[:order])
+
+
+def _count_codes(codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    "Sorted distinct codes of k-grams and their counts: `bincount` while 256^k bins are few, else a sort."
+    if k <= 3:
+        counts = np.bincount(codes, minlength=256**k)
+        keys = np.flatnonzero(counts)
+        return keys.astype(np.int64), counts[keys].astype(np.int64)
+    keys, counts = np.unique(codes, return_counts=True)
+    return keys, counts.astype(np.int64)
+
+
+def fit_byte_ngram(
+    data,  # the training text: bytes, a bytearray, or a 1-D uint8 tensor / array, N >= order bytes
+    order: int,  # n in 1..MAX_NGRAM_ORDER (1: unigram)
+) -> ByteNGram:
+    """Count every k-gram of `data`, k = 1..order, and every (k-1)-byte context (vectorised: each k-gram as one
+    int64 code, counted by `np.bincount` or `np.unique`). Raises `ValueError` for a bad `order` or for `data`
+    shorter than `order` (empty included), `TypeError` for data that is not bytes."""
+    check_int("order", order, 1, MAX_NGRAM_ORDER)
+    x = _byte_array(data)
+    if len(x) < order:
+        raise ValueError(f"data has {len(x)} bytes, fewer than order={order}" + (" (it is empty)" if not len(x) else ""))
+    joint, context, times, cpu = [], [], [], []
+    codes = x.astype(np.int64)  # level 1: the byte itself
+    for k in range(1, order + 1):
+        started, started_cpu = time.perf_counter(), time.process_time()
+        if k > 1:  # code of the k-gram ending at i = x[i-k+1] << 8(k-1) | code of the (k-1)-gram ending at i
+            codes = (x[: len(x) - k + 1].astype(np.int64) << (8 * (k - 1))) | codes[1:]
+        keys, counts = _count_codes(codes, k)
+        ctx = keys >> 8  # sorted, since the keys are
+        first = np.flatnonzero(np.r_[True, ctx[1:] != ctx[:-1]])
+        joint.append((keys, counts))
+        context.append((ctx[first], np.add.reduceat(counts, first)))
+        times.append(time.perf_counter() - started)
+        cpu.append(time.process_time() - started_cpu)
+    return ByteNGram(order, joint, context, len(x), times, cpu)
+
+# %% ../nbs/15_lm.ipynb #a5b1c004
+def interpolated_ngram_probability(
+    joint: np.ndarray,  # (n, ...) count(c_k, x) of each level k = 1..n (the k-gram: context c_k and byte x)
+    context: np.ndarray,  # (n, ...) count(c_k) of each level (0 where the context is unseen or cut off)
+    alpha: float,  # the prior's weight, > 0
+) -> np.ndarray:  # (...) float64: p_n(x | c_n), in (0, 1]
+    """The interpolated n-gram probability of the text: p_0(x) = 1/256 and, for k = 1..n,
+    p_k(x | c_k) = (count(c_k, x) + alpha p_{k-1}(x | c_{k-1})) / (count(c_k) + alpha),
+    c_{k-1} being c_k without its oldest byte (Chen & Goodman 1996, interpolated smoothing with the lower order as
+    prior). Raises `ValueError` for alpha <= 0 or counts of different shapes."""
+    check_float("alpha", alpha, 0.0, low_open=True)
+    joint, context = np.asarray(joint, dtype=np.float64), np.asarray(context, dtype=np.float64)
+    if joint.shape != context.shape or joint.ndim < 1:
+        raise ValueError(f"joint and context must have one equal shape (n, ...), got {joint.shape} and {context.shape}")
+    p = np.full(joint.shape[1:], 1 / 256)
+    for count_cx, count_c in zip(joint, context):
+        p = (count_cx + alpha * p) / (count_c + alpha)
+    return p
+
+
+def _lookup(table: tuple, queries: np.ndarray) -> np.ndarray:
+    "The counts of `queries` (int64 codes) in a (sorted keys, counts) table; 0 for a code not in it."
+    keys, counts = table
+    i = np.minimum(np.searchsorted(keys, queries), len(keys) - 1)
+    return np.where(keys[i] == queries, counts[i], 0)
+
+
+def _window_array(windows, name: str = "windows") -> np.ndarray:
+    w = windows.cpu().numpy() if isinstance(windows, torch.Tensor) else np.asarray(windows)
+    if w.ndim != 2 or w.shape[1] < 2 or not np.issubdtype(w.dtype, np.integer):
+        raise ValueError(f"{name} must be an (n, T + 1) integer array with T >= 1, got {w.dtype} of shape {w.shape}")
+    if w.size and (w.min() < 0 or w.max() > 255):
+        raise ValueError(f"{name} must hold bytes (0..255), got values in [{w.min()}, {w.max()}]")
+    return w.astype(np.int64)
+
+
+def ngram_window_counts(
+    model: ByteNGram,  # from `fit_byte_ngram`
+    windows,  # (n, T + 1) bytes, e.g. `eval_windows(held_out, T)`; byte 0 of a window is never predicted
+) -> tuple[np.ndarray, np.ndarray]:  # joint, context: two (order, n, T) float64 count arrays
+    """The counts `interpolated_ngram_probability` needs to predict bytes 1..T of every window from the preceding
+    bytes *of the same window*: level k at byte t is looked up only when t >= k - 1 (its k - 1 context bytes lie in
+    the window); otherwise both of its counts are 0, so p_k = p_{k-1} (the model backs off to the context it has).
+    Raises `ValueError` for windows that are not (n, T + 1) bytes."""
+    w = _window_array(windows)
+    n, T = w.shape[0], w.shape[1] - 1
+    joint, context = np.zeros((2, model.order, n, T))
+    codes = w[:, 1:].copy()  # level 1: the predicted byte
+    for k in range(1, model.order + 1):
+        s = k - 1  # context length
+        if s > T:  # no byte of the window has k - 1 bytes before it
+            break
+        if k > 1:  # prepend byte t - s to the code of position t (t = j + 1) wherever it exists
+            older = np.zeros_like(codes)
+            older[:, s - 1:] = w[:, : T + 1 - s]
+            codes |= older << (8 * s)
+        j = max(s - 1, 0)  # first position (0-based, byte t = j + 1) whose context lies in the window
+        joint[k - 1, :, j:] = _lookup(model.joint[k - 1], codes[:, j:])
+        context[k - 1, :, j:] = _lookup(model.context[k - 1], codes[:, j:] >> 8)
+    return joint, context
+
+
+def ngram_bits_per_byte(
+    model: ByteNGram,  # from `fit_byte_ngram`
+    windows,  # (n, T + 1) bytes, from `eval_windows`
+    alpha: float,  # the prior's weight, > 0
+) -> np.ndarray:  # (n,) float64: bits per byte of each window
+    """Bits per byte of every window under the interpolated n-gram model: the mean over bytes 1..T of
+    -log2 p_n(x_t | the up to n - 1 preceding bytes of the window), the form of `sequence_bits_per_byte`."""
+    joint, context = ngram_window_counts(model, windows)
+    return -np.log2(interpolated_ngram_probability(joint, context, alpha)).mean(-1)
+
+
+def ngram_distribution(
+    model: ByteNGram,  # from `fit_byte_ngram`
+    context: bytes,  # the preceding bytes (only the last order - 1 are read; fewer: the model backs off)
+    alpha: float,  # the prior's weight, > 0
+) -> np.ndarray:  # (256,) float64: p_n(x | context) for x = 0..255
+    "The model's next-byte distribution after `context`, as `ngram_window_counts` scores a window's bytes."
+    window = np.tile(np.frombuffer(bytes(context[max(0, len(context) - model.order + 1):]) + b"\0", np.uint8), (256, 1))
+    window[:, -1] = np.arange(256)
+    if window.shape[1] == 1:  # no context: a window needs one byte before the scored one; the unigram level reads none
+        window = np.concatenate([np.zeros((256, 1), np.uint8), window], 1)
+        joint, counts = ngram_window_counts(model.truncated(1), window)
+    else:
+        joint, counts = ngram_window_counts(model, window)
+    return interpolated_ngram_probability(joint[:, :, -1], counts[:, :, -1], alpha)
+
+# %% ../nbs/15_lm.ipynb #a5b1c008
+NGRAM_RECORD_VERSION = 1  # bump when a baseline record's fields change meaning
+
+
+def _sha256(x: np.ndarray) -> str:
+    import hashlib
+
+    return hashlib.sha256(x.tobytes()).hexdigest()
+
+
+def _validation_bytes(n: int, block: int, val_fraction: float) -> int:
+    "Length of the validation slice: val_fraction of the training text, at least one window of block + 1 bytes."
+    return max(block + 1, round(val_fraction * n))
+
+
+def fit_ngram_baselines(
+    train_data,  # training text (bytes or uint8 tensor / array)
+    held_out,  # held-out text
+    block: int,  # T: the models' window, `max_len`
+    final_windows: int | None = None,  # score the first final_windows held-out windows (None: all), as `train_lm`
+    orders=NGRAM_ORDERS,  # the orders to fit
+    alphas=NGRAM_ALPHAS,  # the grid alpha is chosen from
+    val_fraction: float = 0.05,  # the validation slice: this fraction of the END of the training text (>= T + 1 bytes)
+) -> dict:  # {"ngram<n>": entry}; see `ngram_baselines`
+    """Fit the byte n-gram baselines: for each order, alpha is the grid value with the lowest bits per byte on the
+    windows of the validation slice, counted on the rest of the training text; the model is then refit on the whole
+    training text and scores `eval_windows(held_out, block, final_windows)`, the windows `train_lm` scores. Raises
+    `ValueError` for a bad order, alpha or fraction, or a text too short for a window."""
+    orders = sorted({check_int("orders", n, 1, MAX_NGRAM_ORDER) for n in orders})
+    alphas = [check_float("alphas", a, 0.0, low_open=True) for a in alphas]
+    check_int("block", block, 1), check_int("final_windows", final_windows, 1, allow_none=True)
+    check_float("val_fraction", val_fraction, 0.0, 1.0, low_open=True, high_open=True)
+    if not orders or not alphas:
+        raise ValueError(f"orders and alphas must not be empty, got {orders} and {alphas}")
+    x, y = _byte_array(train_data, "train_data"), _byte_array(held_out, "held_out")
+    n_val = _validation_bytes(len(x), block, val_fraction)
+    if len(x) - n_val < max(orders):
+        raise ValueError(f"train_data has {len(x)} bytes, too few for a validation slice of {n_val} bytes "
+                         f"(>= one window of block + 1 = {block + 1}) and counts of order {max(orders)}")
+    if len(y) < block + 1:
+        raise ValueError(f"held_out has {len(y)} bytes, fewer than one window of block + 1 = {block + 1}")
+    val_windows = eval_windows(torch.from_numpy(x[len(x) - n_val:]), block)
+    joint, context = ngram_window_counts(fit_byte_ngram(x[: len(x) - n_val], max(orders)), val_windows)
+    full = fit_byte_ngram(x, max(orders))
+    test_windows = eval_windows(torch.from_numpy(y), block, final_windows)
+    test_joint, test_context = ngram_window_counts(full, test_windows)
+    out = {}
+    for n in orders:
+        by_alpha = {a: float(-np.log2(interpolated_ngram_probability(joint[:n], context[:n], a)).mean()) for a in alphas}
+        alpha = min(by_alpha, key=by_alpha.get)
+        per_window = -np.log2(interpolated_ngram_probability(test_joint[:n], test_context[:n], alpha)).mean(-1)
+        out[f"ngram{n}"] = {
+            "model": f"ngram{n}", "order": n, "alpha": alpha,
+            "validation_bpb_by_alpha": {repr(a): v for a, v in by_alpha.items()}, "validation_bpb": by_alpha[alpha],
+            "val_bpb": float(per_window.mean()), "sequence_bpb": per_window.tolist(),
+            "fit_time_s": float(sum(full.fit_time_s[:n])),
+            "fit_cpu_s": float(sum(full.fit_cpu_s[:n])), "n_grams": int(sum(len(k) for k, _ in full.joint[:n]))}
+    return out
+
+
+def ngram_baselines(
+    preset: str = "smoke",  # a key of `LM_PRESETS`: its max_len, final_windows, train_bytes and eval_bytes
+    results_dir=None,  # None: `default_lm_results_dir()`
+    data: tuple | None = None,  # (train bytes, held-out bytes); None: `imdb_bytes` (read only if the file is stale)
+    orders=NGRAM_ORDERS,  # the orders to fit
+    alphas=NGRAM_ALPHAS,  # the grid alpha is chosen from
+    val_fraction: float = 0.05,  # the validation slice at the end of the training text
+    refit: bool = False,  # fit even when a record of the same settings exists
+    log: Callable[[str], None] | None = print,  # progress lines
+) -> dict:
+    """Load or compute the byte n-gram baselines of `preset` (`fit_ngram_baselines` on the text and windows
+    `run_lm` trains and scores on) and their record `<results_dir>/baselines-<preset>.json`, written atomically:
+    `settings`, `data` (lengths and SHA-256 of the two texts), `baselines` {"ngram<n>": order, alpha,
+    validation_bpb_by_alpha, validation_bpb, val_bpb (held-out mean, as in a model's record), sequence_bpb (per
+    window, for `compare_lm`), fit_time_s (counting its levels on the whole training text), n_grams}, `strongest`
+    (the lowest held-out bits per byte) and `wall_s`. A record with the same settings is reused (and, when `data`
+    is given, the same data). Raises `ValueError` naming a bad preset."""
+    check_choice("preset", preset, LM_PRESETS)
+    p = LM_PRESETS[preset]
+    settings = {"version": NGRAM_RECORD_VERSION, "preset": preset, "block": p.model.max_len,
+                "final_windows": p.train.final_windows, "train_bytes": p.train.train_bytes,
+                "eval_bytes": p.train.eval_bytes, "orders": sorted(orders), "alphas": [float(a) for a in alphas],
+                "val_fraction": float(val_fraction)}
+    path = (Path(results_dir) if results_dir is not None else default_lm_results_dir()) / f"baselines-{preset}.json"
+    texts = None
+    if data is not None:  # as `train_lm` reads them
+        texts = (_byte_array(data[0], "data[0]")[: p.train.train_bytes], _byte_array(data[1], "data[1]")[: p.train.eval_bytes])
+    if not refit and path.is_file():
+        old = load_record(path)
+        if old.get("finished") and old.get("settings") == settings and (
+                texts is None or (old["data"]["train_sha256"], old["data"]["held_out_sha256"]) == tuple(map(_sha256, texts))):
+            return old
+    if texts is None:
+        texts = tuple(_byte_array(imdb_bytes(s, max_bytes=b)) for s, b in (("train", p.train.train_bytes), ("test", p.train.eval_bytes)))
+    if log:
+        log(f"fitting byte n-gram baselines of orders {sorted(orders)} on {len(texts[0]):,} bytes")
+    started = time.perf_counter()
+    baselines = fit_ngram_baselines(texts[0], texts[1], p.model.max_len, p.train.final_windows, orders, alphas, val_fraction)
+    record = {"settings": settings,
+              "data": {"train_bytes": len(texts[0]), "train_sha256": _sha256(texts[0]),
+                       "held_out_bytes": len(texts[1]), "held_out_sha256": _sha256(texts[1]),
+                       "validation_bytes": _validation_bytes(len(texts[0]), p.model.max_len, val_fraction)},
+              "baselines": baselines, "strongest": min(baselines, key=lambda k: baselines[k]["val_bpb"]),
+              "wall_s": time.perf_counter() - started,
+              "environment": {"numpy": np.__version__, "threads": torch.get_num_threads()}, "finished": True}
+    save_record(record, path)
+    return record
+
+# %% ../nbs/15_lm.ipynb #a5b1c00a
+def lm_learned_the_task(
+    runs: dict,  # seed -> record of one model (from `run_lm`)
+    baseline: dict,  # one entry of `ngram_baselines(...)["baselines"]`, scored on the same held-out windows
+) -> dict:
+    """Whether a model has learned the task: on EVERY seed the paired bootstrap 95 % interval of
+    bpb(baseline) - bpb(model) over the same held-out windows (`compare_lm`) lies above zero. Returns `learned`
+    (None without runs), `baseline` (its name), `bar` (its held-out bits per byte), `per_seed` {seed: `compare_lm`
+    of the model against the baseline} and `below` (the seeds that do not beat it). `ValueError` when the windows
+    differ."""
+    per_seed = {s: compare_lm(record, baseline) for s, record in sorted(runs.items())}
+    below = [s for s, c in per_seed.items() if not c["low"] > 0]
+    return {"learned": (not below) if per_seed else None, "baseline": baseline["model"], "bar": baseline["val_bpb"],
+            "per_seed": per_seed, "below": below}
+
+
+def counted_lm_verdict(
+    rule_verdict: str,  # the verdict of the results chapter's rules 1-4 (`hkt_nb.lra.results.verdict`)
+    learned_a: dict, learned_b: dict,  # `lm_learned_the_task` of model A and of model B
+    models: tuple,  # (A, B), their names
+) -> str:
+    "The verdict that counts: the rule's, or 'excluded (...)' when model A or B has not learned the task."
+    failed = [m for m, status in zip(models, (learned_a, learned_b)) if status["learned"] is False]
+    if not failed:
+        return rule_verdict
+    return (f"excluded ({' and '.join(failed)} {'has' if len(failed) == 1 else 'have'} not learned the task: not "
+            f"below the strongest n-gram baseline, {learned_a['baseline']}, on every seed)")

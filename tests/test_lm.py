@@ -1,10 +1,13 @@
 """The byte-level language model of chapter 15 (`hkt_nb.lm`, issue 18 items 1 to 3): causality of every variant,
 the tied head, the weight-decay groups, the restorable initialisation, a known-answer training run, greedy
 generation, the record, and cached decoding (`CachedDecoder`): its logits equal the full forward's in float64 for
-random and trained weights, and cached generation equals recomputed generation token for token past max_len."""
+random and trained weights, and cached generation equals recomputed generation token for token past max_len; the byte n-gram baselines
+(known answers, proper distributions, a slow reference, the window-start rule, the record)."""
 import math
+from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -23,13 +26,22 @@ from hkt_nb.lm import (
     compare_lm,
     configure_optimizer,
     count_lm_parameters,
+    counted_lm_verdict,
     default_decoder,
     eval_windows,
+    fit_byte_ngram,
+    fit_ngram_baselines,
     generate,
     imdb_bytes,
+    interpolated_ngram_probability,
+    lm_learned_the_task,
     lm_model_config,
     load_record,
     lr_at,
+    ngram_baselines,
+    ngram_bits_per_byte,
+    ngram_distribution,
+    ngram_window_counts,
     run_lm,
     save_record,
     train_lm,
@@ -476,3 +488,139 @@ def test_generate_refuses_a_model_that_is_not_a_byte_lm():
     with pytest.raises(TypeError, match=r"model must be a hkt_nb\.lm\.ByteLM.*got GPT.*layer_cache.*prefill.*step"):
         generate(GPT(), torch.tensor([[1, 2, 3]]), 4, temperature=0)
     assert generate(ByteLM(tiny()).eval(), torch.tensor([[1, 2, 3]]), 4, temperature=0).shape == (1, 7)
+
+
+# --- byte n-gram baselines (chapter 15, *Baselines: byte n-gram counts*)
+
+def reference_probability(text: bytes, order: int, alpha: float, context: bytes, x: int) -> float:
+    "p_n(x | context) by the recursion with plain dict counts (the chapter's equation, one byte at a time)."
+    p = 1 / 256
+    for k in range(1, order + 1):
+        if k - 1 > len(context):
+            break
+        c = context[len(context) - (k - 1):] if k > 1 else b""
+        grams = Counter(text[i - k + 1: i + 1] for i in range(k - 1, len(text)))
+        count_c = sum(v for g, v in grams.items() if g[:-1] == c)
+        p = (grams.get(c + bytes([x]), 0) + alpha * p) / (count_c + alpha)
+    return p
+
+
+def test_unigram_with_vanishing_alpha_is_the_empirical_distribution():
+    text = b"abracadabra"
+    p = ngram_distribution(fit_byte_ngram(text, 1), b"xyz", alpha=1e-12)
+    expected = np.zeros(256)
+    for byte, count in Counter(text).items():
+        expected[byte] = count / len(text)
+    np.testing.assert_allclose(p, expected, atol=1e-10)
+
+
+@pytest.mark.parametrize("order", [1, 2, 3, 4])
+def test_every_distribution_sums_to_one(order):
+    model = fit_byte_ngram(b"the cat sat on the mat; the hat", order)
+    for context in (b"", b"t", b"the", b" th", b"zzz", b"\x00\xff", b"the cat sat"):  # seen, unseen, short, long
+        for alpha in (0.01, 1.0, 30.0):
+            p = ngram_distribution(model, context, alpha)
+            assert p.shape == (256,) and (p > 0).all()
+            assert abs(p.sum() - 1) < 1e-12, (order, context, alpha)
+
+
+def test_a_repeated_byte_costs_almost_nothing_at_order_two():
+    text = b"a" * 10_000
+    model = fit_byte_ngram(text, 2)
+    bpb = ngram_bits_per_byte(model, eval_windows(torch.frombuffer(bytearray(text), dtype=torch.uint8), 64), alpha=1e-3)
+    assert bpb.shape == (153,) and bpb.max() < 1e-3
+    # the unigram is as sure: only 'a' was ever seen, so the bits come from the prior's weight alone
+    assert np.allclose(ngram_bits_per_byte(model.truncated(1), np.full((2, 5), 97), 1e-3), -math.log2((1e4 + 1e-3 / 256) / (1e4 + 1e-3)))
+
+
+@pytest.mark.parametrize("order", [1, 2, 3])
+def test_window_bits_equal_a_slow_reference(order):
+    rng = np.random.default_rng(order)
+    text = bytes(rng.choice(np.frombuffer(b"abcd e", np.uint8), 400, p=[0.3, 0.2, 0.2, 0.1, 0.1, 0.1]).tolist())
+    held_out = bytes(rng.choice(np.frombuffer(b"abcdef", np.uint8), 3 * 9).tolist())  # 'f' is never seen
+    windows = eval_windows(torch.frombuffer(bytearray(held_out), dtype=torch.uint8), 8)  # (3, 9)
+    model, alpha = fit_byte_ngram(text, order), 0.7
+    expected = [np.mean([-math.log2(reference_probability(text, order, alpha, bytes(w[max(0, t - order + 1):t]), w[t]))
+                         for t in range(1, 9)]) for w in windows.tolist()]
+    np.testing.assert_allclose(ngram_bits_per_byte(model, windows, alpha), expected, rtol=1e-12)
+
+
+def test_no_context_crosses_a_window_start():
+    model = fit_byte_ngram(b"xy" * 50 + b"q", 3)
+    w = np.frombuffer(b"xyxyqx", np.uint8)[None].astype(np.int64)
+    joint, context = ngram_window_counts(model, w)  # (3, 1, 5): levels 1..3, bytes 1..5 of the window
+    assert (joint[2, 0, 0] == 0) and (context[2, 0, 0] == 0)  # byte 1 has one byte before it: no trigram
+    assert joint[1, 0, 0] == 50 and context[2, 0, 1] == 50 and joint[2, 0, 1] == 49  # 'xy' is followed by 'x' 49 times
+    # the same bytes scored in one window or after another window: the first bytes of a window back off
+    split = ngram_bits_per_byte(model, np.array([list(b"xyx"), list(b"yqx")]), 1.0)
+    by_hand = [np.mean([-math.log2(ngram_distribution(model, c, 1.0)[ord(x)]) for c, x in cases])
+               for cases in ([(b"x", "y"), (b"xy", "x")], [(b"y", "q"), (b"yq", "x")])]
+    np.testing.assert_allclose(split, by_hand, rtol=1e-12)
+
+
+def test_ngram_input_errors():
+    with pytest.raises(ValueError, match="order"):
+        fit_byte_ngram(b"abc", 0)
+    with pytest.raises(ValueError, match="order"):
+        fit_byte_ngram(b"abc", 8)
+    with pytest.raises(ValueError, match="data has 0 bytes"):
+        fit_byte_ngram(b"", 1)
+    with pytest.raises(ValueError, match="data has 2 bytes, fewer than order=3"):
+        fit_byte_ngram(b"ab", 3)
+    with pytest.raises(TypeError, match="data"):
+        fit_byte_ngram("text", 2)
+    with pytest.raises(ValueError, match="alpha"):
+        interpolated_ngram_probability(np.zeros((1, 3)), np.zeros((1, 3)), 0.0)
+    with pytest.raises(ValueError, match="windows"):
+        ngram_bits_per_byte(fit_byte_ngram(b"abc", 1), np.zeros((3, 1), np.int64), 1.0)
+    with pytest.raises(ValueError, match="held_out has 5 bytes"):
+        fit_ngram_baselines(b"a" * 100, b"b" * 5, block=8)
+    with pytest.raises(ValueError, match="train_data has 12 bytes"):
+        fit_ngram_baselines(b"a" * 12, b"b" * 50, block=8)
+    with pytest.raises(ValueError, match="preset"):
+        ngram_baselines("tiny")
+
+
+def test_baselines_choose_alpha_on_the_end_of_the_training_text_and_reuse_the_record(tmp_path):
+    rng = np.random.default_rng(0)
+    train = bytes(rng.integers(97, 101, 300_000).tolist())  # smoke keeps 200,000 of them
+    held_out = bytes(rng.integers(97, 101, 50_000).tolist())
+    record = ngram_baselines("smoke", tmp_path, data=(train, held_out), orders=(1, 2), alphas=(0.1, 10.0), log=None)
+    entry = record["baselines"]["ngram2"]
+    assert record["data"]["train_bytes"] == 200_000 and record["data"]["validation_bytes"] == 10_000
+    assert len(entry["sequence_bpb"]) == 32 and entry["alpha"] in (0.1, 10.0)
+    assert entry["validation_bpb"] == min(entry["validation_bpb_by_alpha"].values())
+    assert abs(entry["val_bpb"] - 2.0) < 0.02  # four equiprobable letters: 2 bits each
+    assert record["strongest"] in ("ngram1", "ngram2")
+    again = ngram_baselines("smoke", tmp_path, data=(train, held_out), orders=(1, 2), alphas=(0.1, 10.0), log=None)
+    assert again == record  # loaded, not refit (the fit times would differ)
+    other = ngram_baselines("smoke", tmp_path, data=(held_out * 5, held_out), orders=(1, 2), alphas=(0.1, 10.0), log=None)
+    assert other["data"]["train_sha256"] != record["data"]["train_sha256"]
+
+
+def test_learned_the_task_needs_every_seed_above_the_baseline():
+    base = {"model": "ngram2", "val_bpb": 2.0, "sequence_bpb": [2.0, 2.1, 1.9, 2.0, 2.05]}
+    good = {"model": "good", "sequence_bpb": [1.5, 1.6, 1.4, 1.5, 1.55]}
+    level = {"model": "level", "sequence_bpb": [2.0, 2.1, 1.9, 2.0, 2.05]}  # equal to the baseline: not better
+    assert lm_learned_the_task({0: good, 1: good}, base)["learned"] is True
+    status = lm_learned_the_task({0: good, 1: level}, base)
+    assert status["learned"] is False and status["below"] == [1] and status["bar"] == 2.0
+    assert counted_lm_verdict("x", status, status, ("level", "good")).startswith("excluded (level and good have")
+    assert counted_lm_verdict("x", lm_learned_the_task({0: good}, base), lm_learned_the_task({0: good}, base), ("a", "b")) == "x"
+    with pytest.raises(ValueError, match="different held-out windows"):
+        lm_learned_the_task({0: {"sequence_bpb": [1.0]}}, base)
+
+
+def test_alpha_is_chosen_on_the_end_of_the_training_text_only():
+    rng = np.random.default_rng(1)
+    train = bytes(rng.integers(97, 105, 4_000).tolist())
+    held_out = bytes(rng.integers(97, 105, 900).tolist())
+    out = fit_ngram_baselines(train, held_out, block=16, orders=(2,), alphas=(0.3, 3.0), val_fraction=0.1)["ngram2"]
+    head, tail = train[:3_600], torch.frombuffer(bytearray(train[3_600:]), dtype=torch.uint8)  # the last 10 %
+    for alpha in (0.3, 3.0):
+        expected = ngram_bits_per_byte(fit_byte_ngram(head, 2), eval_windows(tail, 16), alpha).mean()
+        assert out["validation_bpb_by_alpha"][repr(alpha)] == pytest.approx(expected, rel=1e-12)
+    held = ngram_bits_per_byte(fit_byte_ngram(train, 2), eval_windows(torch.frombuffer(bytearray(held_out), dtype=torch.uint8), 16), out["alpha"])
+    np.testing.assert_allclose(out["sequence_bpb"], held, rtol=1e-12)  # refit on the whole training text
+    other = fit_ngram_baselines(train, held_out[::-1], block=16, orders=(2,), alphas=(0.3, 3.0), val_fraction=0.1)["ngram2"]
+    assert other["validation_bpb_by_alpha"] == out["validation_bpb_by_alpha"]  # the held-out text chooses nothing
