@@ -472,7 +472,7 @@ def pooled_comparison(results_dir, runs: dict, task: str, models: tuple, preset:
     return pooled_paired_bootstrap(np.stack(correct[models[0]]), np.stack(correct[models[1]]))
 
 
-PRESET_ORDER = ("paper", "cpu", "smoke")  # largest first
+PRESET_ORDER = ("paper", "cpu", "cpu_small", "smoke")  # largest first
 
 
 def choose_preset(results_dir, preset: str = "auto") -> tuple[str, dict]:
