@@ -136,6 +136,17 @@ def test_every_committed_record_conforms_to_its_preset(path):
     assert conforms_to_preset(record, record["preset"]), path.name
 
 
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.stem)
+def test_every_committed_record_is_named_by_its_fields(path):
+    "A record's file, `run` and paths all carry `run_name` of its own fields (what scripts/rename_preset.py keeps true)."
+    record = json.loads(path.read_text())
+    name = run_name(record["task"], record["model"], record["preset"], record["seed"], record.get("variant"))
+    assert record["run"] == name == path.stem
+    for key in ("model_path", "predictions_path", "checkpoint_dir"):
+        if record.get(key) is not None:
+            assert Path(record[key]).name in (name, f"{name}.pt", f"{name}.npz"), (key, record[key])
+
+
 def test_results_versions_say_what_changed_and_which_still_conform(committed_record):
     "Version 2 changed the tested checkpoint, not the training: a version-1 record still conforms, a later one not."
     assert RESULTS_VERSION == max(RESULTS_VERSIONS) == 2 and set(CONFORMING_RESULTS_VERSIONS) <= set(RESULTS_VERSIONS)
