@@ -16,8 +16,12 @@ overwrite the old records, so the old definition is first given a new name (in `
 Inside them it rewrites what names the run or the preset: a record's `run`, `preset`, `checkpoint_dir`,
 `model_path`, `predictions_path`; a baselines file's `preset`; a checkpoint's `run`; a model card's title and
 preset row. Files of other modules that reuse the preset name for their own runs (results/lm/, results/pilot/) are
-left alone. Idempotent: a second call finds nothing to rename. It checks nothing itself: the readers of the library
-do (the commit that ran it lists the checks).
+left alone. Idempotent: a second call finds nothing to rename. After renaming (or alone, with `--check`) it reads
+everything back with the library's own readers (`check`): each record is a finished run of NEW (`finished_run`), its
+predictions give its test accuracy, its checkpoint and pretrained folder load the same weights, and the baselines
+load and match their predictions.
+
+    python scripts/rename_preset.py cpu cpu_small --check   # the checks only
 """
 from __future__ import annotations
 
@@ -101,15 +105,58 @@ def rewrite_card(path: Path, old: str, new: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+def check(new: str, results: Path) -> int:
+    """Read preset `new`'s renamed results back with the library's readers; AssertionError naming the first file
+    that fails. Returns the number of run records checked."""
+    import numpy as np
+    import torch
+
+    from hkt_nb.lra.baselines import load_baselines
+    from hkt_nb.lra.results import load_predictions, load_runs
+    from hkt_nb.lra.runs import finished_run
+    from hkt_nb.model import HKTClassifier
+
+    paths = sorted(results.glob(f"*-{new}-seed*.json"))
+    assert len(load_runs(results, new)) == len(paths), "some records do not conform to the preset"
+    for path in paths:
+        record = json.loads(path.read_text())
+        name = path.stem
+        assert record["run"] == name and record["preset"] == new, path
+        assert finished_run(record["task"], record["model"], new, record["seed"], results) is not None, path
+        loaded = load_predictions(results, record)
+        if loaded is not None:
+            assert abs(float((loaded[0] == loaded[1]).mean()) - record["test_acc"]) < 1e-9, path
+        if record.get("model_path"):
+            model = HKTClassifier.from_checkpoint(results / record["model_path"])
+            assert torch.load(results / record["model_path"], map_location="cpu", weights_only=False)["run"] == name
+            folder = results / "pretrained" / name
+            if folder.is_dir():
+                shared = HKTClassifier.from_pretrained(folder).state_dict()
+                assert all(torch.equal(v, shared[k]) for k, v in model.state_dict().items()), folder
+                assert f"# {name}" in (folder / "README.md").read_text(encoding="utf-8"), folder
+    for task, body in load_baselines(results, new).items():
+        assert body["preset"] == new, task
+        for baseline, entry in body["baselines"].items():
+            saved = np.load(results / "baselines" / "predictions" / f"{task}-{new}-{baseline}.npz")
+            assert abs(float((saved["predictions"] == saved["labels"]).mean()) - entry["test_acc"]) < 1e-9, (task, baseline)
+    return len(paths)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("old"), parser.add_argument("new")
     parser.add_argument("--results", default="results", help="the results folder (default: results)")
     parser.add_argument("--dry-run", action="store_true", help="print the moves only")
+    parser.add_argument("--check", action="store_true", help="only read NEW's results back (`check`)")
     args = parser.parse_args(argv)
     if not re.fullmatch(r"[a-z][a-z0-9_]*", args.new) or args.old == args.new:
         raise SystemExit(f"NEW must be a new preset name of [a-z0-9_] (no '-': it is part of run names), got {args.new!r}")
     results = (ROOT / args.results) if not Path(args.results).is_absolute() else Path(args.results)
+    if str(ROOT) not in sys.path:  # this checkout's hkt_nb
+        sys.path.insert(0, str(ROOT))
+    if args.check:
+        print(f"{check(args.new, results)} run record(s) of {args.new!r} read back with the library's readers")
+        return
     moves = {rel: target for rel in tracked(results) if (target := renamed(rel, args.old, args.new))}
     for rel, target in moves.items():
         print(f"{rel} -> {target}")
@@ -129,6 +176,8 @@ def main(argv=None) -> None:
         elif path.name == "README.md" and target.startswith("pretrained/"):
             rewrite_card(path, args.old, args.new)
     print(f"{len(moves)} file(s) {'would be ' if args.dry_run else ''}renamed from {args.old!r} to {args.new!r}")
+    if not args.dry_run:
+        print(f"{check(args.new, results)} run record(s) of {args.new!r} read back with the library's readers")
 
 
 if __name__ == "__main__":
