@@ -41,7 +41,7 @@ install: $(VENV)/.installed
 book: install
 	$(BIN)/python scripts/build_book.py --preset $(PRESET)
 
-## chapters: run the experiment chapters through papermill with PRESET=smoke|cpu|paper
+## chapters: run the experiment chapters through papermill with PRESET=smoke|cpu|cpu_small|paper
 chapters: install
 	@test -n "$(EXPERIMENTS)" || { echo "no experiment chapters: '$(BIN)/python -m hkt_nb.lra.tasks chapters' failed"; exit 1; }
 	@mkdir -p results/chapters/$(PRESET)
@@ -94,7 +94,7 @@ clean:
 
 ## results: regenerate the results chapter from results/ alone (no training, no data) into
 ## _build/results/09_results.ipynb; the HTML book is not changed (`make book` executes nbs/09_results.ipynb
-## itself, also from results/). RESULTS_PRESET=auto|smoke|cpu|paper (auto: the largest preset whose expected
+## itself, also from results/). RESULTS_PRESET=auto|smoke|cpu|cpu_small|paper (auto: the largest preset whose expected
 ## grid is complete, else the preset with the most finished runs)
 RESULTS_PRESET ?= auto
 .PHONY: results

@@ -10,7 +10,7 @@
    the build with an error: no chapter is published without its outputs.
    Experiment chapters (`experiment_chapters()`: the task registry's chapters) are not retrained here: the build
    takes the executed copy that `make chapters PRESET=...` wrote to results/chapters/<preset>/, the
-   largest preset available (paper, then cpu, then smoke); with none, it executes them with --preset.
+   largest preset available (paper, then cpu, then cpu_small, then smoke); with none, it executes them with --preset.
 3. Run `jupyter-book build` with warnings as errors; Jupyter Book itself executes nothing.
 4. Write a redirect page `<name>.html` for every chapter `nbs/NN_<name>.ipynb`: the links nbdev writes into
    hkt_nb/_modidx.py (`<doc_host><doc_baseurl>/<name>.html#<symbol>`) then open the chapter's page.
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # this checkout's hkt_nb, not another installed copy
     sys.path.insert(0, str(ROOT))
 SRC = ROOT / "_build" / "book_src"
-PRESETS_BY_PRIORITY = ("paper", "cpu", "smoke")
+PRESETS_BY_PRIORITY = ("paper", "cpu", "cpu_small", "smoke")
 
 # nbdev directive -> Jupyter Book tag (None: keep the cell, just drop the directive line). Keys are nbdev's
 # directive names (`extract_directives` gives `echo:` for `#| echo: false`; the trailing colon is dropped).

@@ -217,11 +217,11 @@ def smoke_run(tmp_path_factory):
 
 @pytest.fixture
 def committed_record():
-    "The committed record results/listops-hkt-cpu-seed0.json (skips when it is not there)."
+    "The committed record results/listops-hkt-cpu_small-seed0.json (skips when it is not there)."
     import json
-    path = REPO_ROOT / "results" / "listops-hkt-cpu-seed0.json"
+    path = REPO_ROOT / "results" / "listops-hkt-cpu_small-seed0.json"
     if not path.is_file():
-        pytest.skip("no committed cpu run")
+        pytest.skip("no committed cpu_small run")
     return json.loads(path.read_text())
 
 

@@ -1,5 +1,5 @@
 """Tests for hkt_nb.lra.baselines (chapter 4, *Trivial baselines*): each baseline's known answer on hand-made splits,
-hyper-parameters chosen on validation only, the registry's baselines resolve, and the committed cpu baselines agree
+hyper-parameters chosen on validation only, the registry's baselines resolve, and the committed baselines of the CPU presets agree
 with their saved predictions."""
 import json
 from pathlib import Path
@@ -108,18 +108,19 @@ def test_registry_baselines_resolve(task):
     assert "majority" in names and all(n in B.BASELINES for n in names.values())
 
 
+@pytest.mark.parametrize("preset", ["cpu", "cpu_small"])
 @pytest.mark.parametrize("task", list(BENCHMARKS))
-def test_committed_cpu_baselines_match_their_predictions(task):
-    path = RESULTS / "baselines" / f"{task}-cpu.json"
+def test_committed_cpu_baselines_match_their_predictions(task, preset):
+    path = RESULTS / "baselines" / f"{task}-{preset}.json"
     if not path.exists():
         pytest.skip(f"no committed baselines {path.name}")
     result = json.loads(path.read_text())
-    assert set(result["baselines"]) == set(get_task(task).baselines)
+    assert result["preset"] == preset and set(result["baselines"]) == set(get_task(task).baselines)
     for name, r in result["baselines"].items():
-        saved = np.load(RESULTS / "baselines" / "predictions" / f"{task}-cpu-{name}.npz")
+        saved = np.load(RESULTS / "baselines" / "predictions" / f"{task}-{preset}-{name}.npz")
         assert len(saved["labels"]) == result["sizes"]["test"]
         assert (saved["predictions"] == saved["labels"]).mean() == pytest.approx(r["test_acc"], abs=1e-12)
     # the test labels are those of the runs' predictions (the same split, the same order)
-    run = RESULTS / "predictions" / f"{task}-hkt-cpu-seed0.npz"
+    run = RESULTS / "predictions" / f"{task}-hkt-{preset}-seed0.npz"
     if run.exists():
         assert np.array_equal(np.load(run)["labels"], saved["labels"])

@@ -79,8 +79,10 @@ def test_variant_name_is_stable_and_follows_the_differences():
     RunSpec("listops", "hkt", "cpu", 0),
     RunSpec("listops", "hkt", "cpu", 0, train_overrides={"compile": False, "num_workers": 0, "pin_memory": True}),
     RunSpec("listops", "hkt", "cpu", 0, train_overrides={"compile": True, "num_workers": 4}),
-    RunSpec("listops", "hkt", "cpu", 0, epochs=5, train_overrides={"amp": "auto", "n_train": 6000}),  # the preset's
-    RunSpec("listops", "hkt", "cpu", 0, model_overrides={"dropout": 0.1, "d_model": 64})],  # own values
+    RunSpec("listops", "hkt", "cpu", 0, epochs=PRESETS["cpu"].train_config("listops").epochs,  # the preset's own values
+            train_overrides={"amp": "auto", "n_train": PRESETS["cpu"].train_config("listops").n_train,
+                             "task_options": PRESETS["cpu"].train_config("listops").task_options}),
+    RunSpec("listops", "hkt", "cpu", 0, model_overrides={k: PRESETS["cpu"].model[k] for k in ("dropout", "d_model")})],
     ids=["plain", "execution-only", "compile-workers", "preset-values", "preset-model"])
 def test_a_run_that_computes_what_the_preset_says_keeps_its_name(spec):
     assert run_identity(spec) == ("listops-hkt-cpu-seed0", {})
@@ -134,13 +136,46 @@ def test_every_committed_record_conforms_to_its_preset(path):
     assert conforms_to_preset(record, record["preset"]), path.name
 
 
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.stem)
+def test_every_committed_record_is_named_by_its_fields(path):
+    "A record's file, `run` and paths all carry `run_name` of its own fields (what scripts/rename_preset.py keeps true)."
+    record = json.loads(path.read_text())
+    name = run_name(record["task"], record["model"], record["preset"], record["seed"], record.get("variant"))
+    assert record["run"] == name == path.stem
+    for key in ("model_path", "predictions_path", "checkpoint_dir"):
+        if record.get(key) is not None:
+            assert Path(record[key]).name in (name, f"{name}.pt", f"{name}.npz"), (key, record[key])
+
+
 def test_results_versions_say_what_changed_and_which_still_conform(committed_record):
     "Version 2 changed the tested checkpoint, not the training: a version-1 record still conforms, a later one not."
     assert RESULTS_VERSION == max(RESULTS_VERSIONS) == 2 and set(CONFORMING_RESULTS_VERSIONS) <= set(RESULTS_VERSIONS)
     for version, conforms in ((1, True), (2, True), (3, False)):
-        assert conforms_to_preset({**committed_record, "results_version": version}, "cpu") is conforms, version
+        assert conforms_to_preset({**committed_record, "results_version": version}, "cpu_small") is conforms, version
     unversioned = {k: v for k, v in committed_record.items() if k != "results_version"}  # absent = version 1
-    assert conforms_to_preset(unversioned, "cpu")
+    assert conforms_to_preset(unversioned, "cpu_small")
+
+
+def test_the_two_cpu_presets():
+    """`cpu_small` is the first CPU preset kept as it was (its committed records conform to it, never to the new
+    `cpu`); the redefined `cpu` keeps its model and seeds, scores every benchmark on its full test set or at least
+    10,000 examples, and its ListOps setting sets the model's length (`Task.seq_len_for`)."""
+    from hkt_nb.lra.tasks import BENCHMARKS, get_task
+
+    cpu, small = PRESETS["cpu"], PRESETS["cpu_small"]
+    assert cpu.model == small.model and cpu.seeds == small.seeds and cpu.train.save_model and small.train.save_model
+    for task in BENCHMARKS:
+        assert (cpu.train_config(task).n_test or float("inf")) >= 10_000, task
+        assert small.train_config(task).n_test == small.train.n_test, task
+    listops = get_task("listops")
+    options = cpu.train_config("listops").task_options
+    wanted = listops.seq_len_for(options)
+    assert build_config("listops", "hkt", cpu, 16, 10).max_len == wanted and (options is None or wanted < listops.seq_len)
+    assert build_config("listops", "hkt", small, 16, 10).max_len == listops.seq_len
+    for path in COMMITTED:
+        record = json.loads(path.read_text())
+        if record["preset"] == "cpu_small":
+            assert not conforms_to_preset(record, "cpu"), path.name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,14 +189,14 @@ def _extended(preset: Preset) -> Preset:
 
 
 def test_a_field_added_with_a_default_changes_nothing(committed_record):
-    extended = _extended(PRESETS["cpu"])
+    extended = _extended(PRESETS["cpu_small"])
     assert conforms_to_preset(committed_record, extended)  # the stored config lacks the field: its default
     stored = committed_record["config"]["train"]
     with_field = {**committed_record, "config": {**committed_record["config"], "train": {**stored, "label_smoothing": 0.0}}}
     assert conforms_to_preset(with_field, extended)
     model = {k: v for k, v in committed_record["config"]["model"].items() if k not in ("causal", "attn_dropout")}
     fewer = {**committed_record, "config": {**committed_record["config"], "model": model}}
-    assert conforms_to_preset(fewer, "cpu")  # model fields missing from a record take their defaults too
+    assert conforms_to_preset(fewer, "cpu_small")  # model fields missing from a record take their defaults too
 
 
 @pytest.mark.parametrize("part, key, value", [("train", "label_smoothing", 0.1), ("train", "lr", 0.5),
@@ -173,7 +208,7 @@ def test_a_changed_result_relevant_value_does_not_conform(committed_record, part
         record[key] = RESULTS_VERSION + 1
     else:
         record["config"][part][key] = value
-    assert not conforms_to_preset(record, _extended(PRESETS["cpu"]))
+    assert not conforms_to_preset(record, _extended(PRESETS["cpu_small"]))
 
 
 def test_config_imports_no_torch():

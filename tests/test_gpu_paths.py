@@ -80,11 +80,11 @@ def test_execution_fields_checked(field, value):
 def test_execution_fields_do_not_make_finished_runs_stale():
     for field in ("num_workers", "pin_memory", "compile"):
         assert field not in result_relevant(TrainConfig())
-    records = sorted((ROOT / "results").glob("*-cpu-seed0.json"))
-    assert records, "the committed cpu runs are missing"
+    records = sorted((ROOT / "results").glob("*-cpu_small-seed0.json"))
+    assert records, "the committed cpu_small runs are missing"
     for path in records:
         record = json.loads(path.read_text())
-        found = finished_run(record["task"], record["model"], "cpu", 0, ROOT / "results")
+        found = finished_run(record["task"], record["model"], "cpu_small", 0, ROOT / "results")
         assert found is not None and found["test_acc"] == record["test_acc"], path.name
 
 

@@ -225,33 +225,60 @@ def test_reading_runs_missing_and_partial(tmp_path):
     assert seed_summary(runs, "imdb", "hkt", "cpu")["n"] == 0
 
 
+def test_a_preset_name_with_an_underscore_keeps_its_runs_apart(tmp_path):
+    """`cpu_small` beside `cpu` in one folder: run names end in `-<preset>-seed<k>`, so neither preset's runs are
+    read as the other's (names, grid, paired comparison, seed summary, baselines files)."""
+    from hkt_nb.lra.baselines import load_baselines
+
+    labels = np.arange(100) % 10
+    assert _write_run(tmp_path, "listops", "hkt", 0, 0.6, labels) == "listops-hkt-cpu-seed0"
+    assert _write_run(tmp_path, "listops", "hkt", 0, 0.7, labels, preset="cpu_small") == "listops-hkt-cpu_small-seed0"
+    _write_run(tmp_path, "listops", "mha", 0, 0.4, labels, preset="cpu_small")
+    runs = load_runs(tmp_path)
+    assert sorted(runs) == ["listops-hkt-cpu-seed0", "listops-hkt-cpu_small-seed0", "listops-mha-cpu_small-seed0"]
+    small = {(r["model"], r["seed"]): r["status"] for r in run_grid(tmp_path, runs, "cpu_small") if r["task"] == "listops"}
+    cpu = {(r["model"], r["seed"]): r["status"] for r in run_grid(tmp_path, runs, "cpu") if r["task"] == "listops"}
+    assert small[("hkt", 0)] == small[("mha", 0)] == cpu[("hkt", 0)] == "finished" and cpu[("mha", 0)] == "not yet run"
+    comparison = compare_on_seed(tmp_path, runs, "listops", ("hkt", "mha"), "cpu_small", 0)
+    assert (comparison["only_a"], comparison["only_b"]) == (30, 0)
+    assert compare_on_seed(tmp_path, runs, "listops", ("hkt", "mha"), "cpu", 0) is None
+    assert seed_summary(runs, "listops", "hkt", "cpu")["accuracies"] == {0: 0.6}
+    assert seed_summary(runs, "listops", "hkt", "cpu_small")["accuracies"] == {0: 0.7}
+    (tmp_path / "baselines").mkdir()
+    for preset in ("cpu", "cpu_small"):
+        (tmp_path / "baselines" / f"listops-{preset}.json").write_text(json.dumps({"preset": preset}))
+    assert {p: load_baselines(tmp_path, p)["listops"]["preset"] for p in ("cpu", "cpu_small")} == {
+        "cpu": "cpu", "cpu_small": "cpu_small"}
+
+
 def test_load_runs_of_a_preset_keeps_only_its_conforming_runs(tmp_path):
     """`load_runs(folder, preset)` counts a record as a run of the preset only when it conforms to the preset today
     (the comparison of `finished_run`): never a variant, nor a record whose configuration has changed since."""
-    source = RESULTS / "listops-hkt-cpu-seed0.json"
+    source = RESULTS / "listops-hkt-cpu_small-seed0.json"
     if not source.is_file():
-        pytest.skip("no committed cpu run")
+        pytest.skip("no committed cpu_small run")
     record = json.loads(source.read_text())
     (tmp_path / source.name).write_text(json.dumps(record))
-    variant = {**record, "run": "listops-hkt-cpu-x240573-seed0", "variant": "x240573",
+    variant = {**record, "run": "listops-hkt-cpu_small-x240573-seed0", "variant": "x240573",
                "overrides": {"train": {"epochs": 1}},
                "config": {**record["config"], "train": {**record["config"]["train"], "epochs": 1}}}
-    (tmp_path / "listops-hkt-cpu-x240573-seed0.json").write_text(json.dumps(variant))
-    relabelled = {**variant, "run": "listops-hkt-cpu-seed1", "seed": 1, "variant": None, "overrides": {}}
-    (tmp_path / "listops-hkt-cpu-seed1.json").write_text(json.dumps(relabelled))  # 1 epoch under the preset's name
-    stale_model = {**record, "run": "listops-hkt-cpu-seed2", "seed": 2,
+    (tmp_path / "listops-hkt-cpu_small-x240573-seed0.json").write_text(json.dumps(variant))
+    relabelled = {**variant, "run": "listops-hkt-cpu_small-seed1", "seed": 1, "variant": None, "overrides": {}}
+    (tmp_path / "listops-hkt-cpu_small-seed1.json").write_text(json.dumps(relabelled))  # 1 epoch under the preset's name
+    stale_model = {**record, "run": "listops-hkt-cpu_small-seed2", "seed": 2,
                    "config": {**record["config"], "model": {**record["config"]["model"], "d_model": 32}}}
-    (tmp_path / "listops-hkt-cpu-seed2.json").write_text(json.dumps(stale_model))
-    wrong_model = {**record, "run": "listops-mha-cpu-seed0", "model": "mha"}  # hkt's configuration under mha's name
-    (tmp_path / "listops-mha-cpu-seed0.json").write_text(json.dumps(wrong_model))
-    assert sorted(load_runs(tmp_path)) == ["listops-hkt-cpu-seed0", "listops-hkt-cpu-seed1", "listops-hkt-cpu-seed2",
-                                           "listops-hkt-cpu-x240573-seed0", "listops-mha-cpu-seed0"]
-    assert sorted(load_runs(tmp_path, "cpu")) == ["listops-hkt-cpu-seed0"]
+    (tmp_path / "listops-hkt-cpu_small-seed2.json").write_text(json.dumps(stale_model))
+    wrong_model = {**record, "run": "listops-mha-cpu_small-seed0", "model": "mha"}  # hkt's configuration under mha's name
+    (tmp_path / "listops-mha-cpu_small-seed0.json").write_text(json.dumps(wrong_model))
+    assert sorted(load_runs(tmp_path)) == ["listops-hkt-cpu_small-seed0", "listops-hkt-cpu_small-seed1", "listops-hkt-cpu_small-seed2",
+                                           "listops-hkt-cpu_small-x240573-seed0", "listops-mha-cpu_small-seed0"]
+    assert sorted(load_runs(tmp_path, "cpu_small")) == ["listops-hkt-cpu_small-seed0"]
     assert load_runs(tmp_path, "paper") == {} and load_runs(tmp_path, "smoke") == {}
-    workers = {**record, "run": "listops-hkt-cpu-seed3", "seed": 3,
+    assert load_runs(tmp_path, "cpu") == {}  # the redefined cpu preset: same names but for the "_small", other sizes
+    workers = {**record, "run": "listops-hkt-cpu_small-seed3", "seed": 3,
                "config": {**record["config"], "train": {**record["config"]["train"], "num_workers": 4}}}
-    (tmp_path / "listops-hkt-cpu-seed3.json").write_text(json.dumps(workers))  # execution only: still conforming
-    assert sorted(load_runs(tmp_path, "cpu")) == ["listops-hkt-cpu-seed0", "listops-hkt-cpu-seed3"]
+    (tmp_path / "listops-hkt-cpu_small-seed3.json").write_text(json.dumps(workers))  # execution only: still conforming
+    assert sorted(load_runs(tmp_path, "cpu_small")) == ["listops-hkt-cpu_small-seed0", "listops-hkt-cpu_small-seed3"]
     with pytest.raises(ValueError, match="preset"):
         load_runs(tmp_path, "huge")
 
@@ -279,16 +306,16 @@ def test_copy_finished_runs_skips_partial_and_variants(tmp_path):
     assert copy_finished_runs(source, dest) == []  # unchanged records are not copied again
 
 
-@pytest.mark.skipif(not (RESULTS / "predictions" / "listops-mha-cpu-seed0.npz").exists(),
+@pytest.mark.skipif(not (RESULTS / "predictions" / "listops-mha-cpu_small-seed0.npz").exists(),
                     reason="the committed ListOps seed-0 predictions are absent")
 def test_committed_listops_seed0_paired_tests():
     """Issue 11 quotes about 120 vs 87 discordant, p about 0.03, a bootstrap interval of about +0.3 to +3.1
     points and a correctness correlation of 0.78; these are the values the committed predictions give."""
-    runs = load_runs(RESULTS, "cpu")
-    c = compare_on_seed(RESULTS, runs, "listops", ("hkt", "mha"), "cpu", 0)
+    runs = load_runs(RESULTS, "cpu_small")
+    c = compare_on_seed(RESULTS, runs, "listops", ("hkt", "mha"), "cpu_small", 0)
     assert (c["only_a"], c["only_b"], c["n"]) == (120, 87, 2000)
-    assert c["acc_a"] == pytest.approx(runs["listops-hkt-cpu-seed0"]["test_acc"])
-    assert c["acc_b"] == pytest.approx(runs["listops-mha-cpu-seed0"]["test_acc"])
+    assert c["acc_a"] == pytest.approx(runs["listops-hkt-cpu_small-seed0"]["test_acc"])
+    assert c["acc_b"] == pytest.approx(runs["listops-mha-cpu_small-seed0"]["test_acc"])
     assert c["p_value"] == pytest.approx(stats.binomtest(120, 207, 0.5).pvalue) and 0.02 < c["p_value"] < 0.03
     assert 0 < c["low"] < 0.0165 < c["high"] < 0.035
     assert c["correlation"] == pytest.approx(0.775, abs=0.005)
@@ -311,7 +338,7 @@ def test_committed_predictions_reproduce_recorded_accuracy():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("keep", [(), ("listops-hkt-cpu-seed0", "imdb-mha-cpu-seed0")])
+@pytest.mark.parametrize("keep", [(), ("listops-hkt-cpu_small-seed0", "imdb-mha-cpu_small-seed0")])
 def test_chapter_runs_on_missing_and_partial_results(tmp_path, keep):
     """The results chapter never fails on what is missing: no runs at all, or a few runs without partners."""
     papermill = pytest.importorskip("papermill")
@@ -328,7 +355,7 @@ def test_chapter_runs_on_missing_and_partial_results(tmp_path, keep):
     cells = json.loads((tmp_path / "out.ipynb").read_text())["cells"]
     outputs = json.dumps([c.get("outputs", []) for c in cells])
     assert "not yet run" in outputs and "not run (needs a GPU)" in outputs
-    assert ("listops-hkt-cpu-seed0" in outputs) == bool(keep)
+    assert ("listops-hkt-cpu_small-seed0" in outputs) == bool(keep)
 
 
 # ---------------------------------------------------------------- issue 23: the pooled test, verdict margins, baselines
@@ -391,31 +418,53 @@ def test_results_summary_of_the_committed_runs():
     from hkt_nb.lra.baselines import load_baselines
     from hkt_nb.lra.results import load_runs, results_summary, summary_markdown
 
-    if not load_runs(RESULTS, "cpu") or not load_baselines(RESULTS, "cpu"):
-        pytest.skip("no committed cpu runs or baselines")
-    summary = results_summary(RESULTS, "cpu")
+    if not load_runs(RESULTS, "cpu_small") or not load_baselines(RESULTS, "cpu_small"):
+        pytest.skip("no committed cpu_small runs or baselines")
+    summary = results_summary(RESULTS, "cpu_small")
     for row in summary["rows"]:
         a, b = row["models"]
         if any(summary["learned"][(row["task"], m)]["learned"] is False for m in (a, b)):
             assert row["counted"].startswith("excluded")
-    assert summary_markdown(summary).startswith("**At preset `cpu`**")
+    assert summary_markdown(summary).startswith("**At preset `cpu_small`**")
 
 
-def test_fetch_committed_results_gives_the_summary_of_the_repository(tmp_path, monkeypatch):
+@pytest.mark.parametrize("preset", ["cpu", "cpu_small"])
+def test_fetch_committed_results_gives_the_summary_of_the_repository(tmp_path, monkeypatch, preset):
     "Chapter 9 opened alone: fetching by address into an empty folder gives the summary of the full results/."
     import shutil
 
     from hkt_nb.lra.baselines import load_baselines
     from hkt_nb.lra.results import fetch_committed_results, load_runs, results_summary
 
-    if not load_runs(RESULTS, "cpu") or not load_baselines(RESULTS, "cpu"):
-        pytest.skip("no committed cpu runs or baselines")
+    if not load_runs(RESULTS, preset) or not load_baselines(RESULTS, preset):
+        pytest.skip(f"no committed {preset} runs or baselines")
     repository = tmp_path / "repository"  # the committed records, as the address serves them
     shutil.copytree(RESULTS, repository, ignore=shutil.ignore_patterns("checkpoints", "pretrained", "logs", "chapters"))
     monkeypatch.setenv("HKT_NB_RECORDS", repository.as_uri())  # a file:// address: fetch_record downloads it
     alone = tmp_path / "alone"
-    fetched = fetch_committed_results(alone, "cpu")
-    assert {p.name for p in fetched} >= {f"{t}-cpu.json" for t in load_baselines(RESULTS, "cpu")}
-    assert load_baselines(alone, "cpu") == load_baselines(RESULTS, "cpu") != {}
-    assert results_summary(alone, "cpu") == results_summary(RESULTS, "cpu")
-    assert fetch_committed_results(alone, "cpu") == fetched  # a second call keeps what is there
+    fetched = fetch_committed_results(alone, preset)
+    assert {p.name for p in fetched} >= {f"{t}-{preset}.json" for t in load_baselines(RESULTS, preset)}
+    assert load_baselines(alone, preset) == load_baselines(RESULTS, preset) != {}
+    assert results_summary(alone, preset) == results_summary(RESULTS, preset)
+    assert fetch_committed_results(alone, preset) == fetched  # a second call keeps what is there
+
+
+def test_fetch_and_summary_of_a_preset_not_run_yet(tmp_path, monkeypatch):
+    """The redefined `cpu` preset before its grid and baselines exist (or any preset without records): fetching
+    gets only what the repository has, and the summary says the baselines are not computed yet, without failing."""
+    import shutil
+
+    from hkt_nb.lra.results import fetch_committed_results, results_summary, summary_markdown
+
+    repository = tmp_path / "repository"
+    (repository / "baselines").mkdir(parents=True)
+    for path in RESULTS.glob("listops-hkt-*-seed0.json"):  # committed runs of other presets only
+        if json.loads(path.read_text()).get("preset") != "cpu":
+            shutil.copy(path, repository / path.name)
+    monkeypatch.setenv("HKT_NB_RECORDS", repository.as_uri())
+    alone = tmp_path / "alone"
+    assert fetch_committed_results(alone, "cpu") == []
+    summary = results_summary(alone, "cpu")
+    assert summary["baselines"] == {} and not any(r["n_test"] for r in summary["rows"])
+    text = summary_markdown(summary)
+    assert "not computed yet" in text and "scripts/run_baselines.py --preset cpu" in text

@@ -85,32 +85,34 @@ def test_papermill_lists_every_parameter(chapter):
         assert f"  {name}:" in out.stdout, (name, out.stdout)
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "results").glob("*-cpu-seed0.json")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted((REPO / "results").glob("*-cpu_small-seed0.json")), ids=lambda p: p.stem)
 def test_finished_run_accepts_the_committed_records(path):
+    "The committed runs of the first CPU preset are finished runs of `cpu_small`, never of the redefined `cpu`."
     record = json.loads(path.read_text())
-    found = finished_run(record["task"], record["model"], "cpu", 0, REPO / "results")
+    found = finished_run(record["task"], record["model"], "cpu_small", 0, REPO / "results")
     assert found is not None and found["test_acc"] == record["test_acc"]
+    assert finished_run(record["task"], record["model"], "cpu", 0, REPO / "results") is None
 
 
 def test_execution_only_fields_never_make_a_run_stale(tmp_path):
-    source = REPO / "results" / "listops-hkt-cpu-seed0.json"
+    source = REPO / "results" / "listops-hkt-cpu_small-seed0.json"
     if not source.is_file():
-        pytest.skip("no committed cpu run")
+        pytest.skip("no committed cpu_small run")
     record = json.loads(source.read_text())
     record["config"]["train"]["num_workers"] = 4  # execution only
     (tmp_path / source.name).write_text(json.dumps(record))
-    assert finished_run("listops", "hkt", "cpu", 0, tmp_path) is not None
+    assert finished_run("listops", "hkt", "cpu_small", 0, tmp_path) is not None
     record["config"]["train"]["lr"] = 0.5  # result-relevant
     (tmp_path / source.name).write_text(json.dumps(record))
-    assert finished_run("listops", "hkt", "cpu", 0, tmp_path) is None
+    assert finished_run("listops", "hkt", "cpu_small", 0, tmp_path) is None
 
 
 def test_cli_epochs_1_never_overwrites_the_preset_run(tmp_path, capsys, one_thread):
     """`hkt-train --epochs 1` under the cpu preset (on the small synthetic task): the preset's record, predictions
     and model are left as they were, the shortened run is written under its variant name with its differences, and
     neither `finished_run`, `load_or_train` nor `load_runs(..., preset=...)` takes it for a run of the preset."""
-    committed = REPO / "results" / "listops-hkt-cpu-seed0.json"
-    if committed.is_file():  # a real committed record in the same folder must be untouched and still counted
+    committed = REPO / "results" / "listops-hkt-cpu_small-seed0.json"
+    if committed.is_file():  # a real committed record (first CPU preset) in the same folder must be untouched and still counted
         (tmp_path / committed.name).write_bytes(committed.read_bytes())
     preset_run = train("synthetic", "hkt", "cpu", 0, results_dir=tmp_path, **QUIET,
                        train_overrides={"compile": False, "num_workers": 0})  # execution only: still the preset's run
@@ -131,9 +133,10 @@ def test_cli_epochs_1_never_overwrites_the_preset_run(tmp_path, capsys, one_thre
     assert (tmp_path / "checkpoints" / f"{name}.pt").is_file() and variant["model_path"] == f"checkpoints/{name}.pt"
     assert f"a variant of preset 'cpu' (train epochs=1), written to {tmp_path.resolve() / name}.json" in printed, printed
     assert finished_run("synthetic", "hkt", "cpu", 0, tmp_path)["created"] == preset_run["created"]
-    expected = {"synthetic-hkt-cpu-seed0"} | ({"listops-hkt-cpu-seed0"} if committed.is_file() else set())
-    assert set(load_runs(tmp_path, "cpu")) == expected
-    assert set(load_runs(tmp_path)) == expected | {name} and load_runs(tmp_path, "smoke") == {}
+    expected = {"synthetic-hkt-cpu-seed0"}
+    small = {"listops-hkt-cpu_small-seed0"} if committed.is_file() else set()
+    assert set(load_runs(tmp_path, "cpu")) == expected and set(load_runs(tmp_path, "cpu_small")) == small
+    assert set(load_runs(tmp_path)) == expected | small | {name} and load_runs(tmp_path, "smoke") == {}
     assert load_or_train("synthetic", "hkt", "cpu", 0, results_dir=tmp_path, device="cpu")["loaded"] is True
     again = load_or_train("synthetic", "hkt", "cpu", 0, results_dir=tmp_path, epochs=1, **QUIET)
     assert again["loaded"] is False and again["run"] == name  # never the preset's record for a shortened run
@@ -312,7 +315,7 @@ def test_a_damaged_record_beside_a_run_of_its_task_warns_trains_and_shows_in_the
     training (a bare JSONDecodeError from the time estimate). Now the estimate skips it with a warning naming it,
     the smoke run trains, and the results grid shows the damaged record as unreadable, not as "not yet run"."""
     from hkt_nb.lra.results import run_grid
-    committed = REPO / "results" / "listops-hkt-cpu-seed0.json"
+    committed = REPO / "results" / "listops-hkt-cpu_small-seed0.json"
     damaged = tmp_path / "listops-hkt-cpu-seed0.json"
     damaged.write_text(committed.read_text()[:200] if committed.is_file() else '{"run": "listops-hkt-cpu-seed0", ')
     with pytest.warns(UserWarning, match=f"skipped unreadable record {damaged}: truncated"):

@@ -1,4 +1,5 @@
 """Tests of hkt_nb.lra.workspace: the time estimate and the warning before the paper preset runs on a CPU."""
+import json
 import re
 import warnings
 from pathlib import Path
@@ -26,19 +27,34 @@ def test_paper_preset_on_cpu_warns_with_an_estimate(task):
 
 
 def test_the_estimate_skips_unreadable_records_with_a_warning_naming_them(tmp_path):
-    committed = REPO / "results" / "listops-hkt-cpu-seed0.json"
+    committed = REPO / "results" / "listops-hkt-cpu_small-seed0.json"
     if not committed.is_file():
-        pytest.skip("no committed cpu run")
-    good = tmp_path / "listops-hkt-cpu-seed1.json"
+        pytest.skip("no committed cpu_small run")
+    good = tmp_path / "listops-hkt-cpu_small-seed1.json"
     good.write_bytes(committed.read_bytes())
     reference = estimate_seconds("listops", "hkt", "paper", tmp_path)
     for content in ("{ truncated", "[]", "{}"):
-        (tmp_path / "listops-hkt-cpu-seed0.json").write_text(content)  # sorted first: read before the good one
-        with pytest.warns(UserWarning, match="time estimate: skipped unreadable record .*listops-hkt-cpu-seed0.json"):
+        (tmp_path / "listops-hkt-cpu_small-seed0.json").write_text(content)  # sorted first: read before the good one
+        with pytest.warns(UserWarning, match="time estimate: skipped unreadable record .*listops-hkt-cpu_small-seed0.json"):
             assert estimate_seconds("listops", "hkt", "paper", tmp_path) == reference
     good.unlink()
     with pytest.warns(UserWarning, match="skipped unreadable record"):
         assert estimate_seconds("listops", "hkt", "paper", tmp_path) is None
+
+
+def test_the_estimate_reads_the_cpu_runs_first_then_the_first_cpu_preset(tmp_path):
+    "`THROUGHPUT_PRESETS`: a finished `cpu` run gives the throughput when there is one, else a `cpu_small` run."
+    committed = REPO / "results" / "listops-hkt-cpu_small-seed0.json"
+    if not committed.is_file():
+        pytest.skip("no committed cpu_small run")
+    assert workspace.THROUGHPUT_PRESETS == ("cpu", "cpu_small")
+    record = json.loads(committed.read_text())
+    (tmp_path / committed.name).write_text(json.dumps(record))
+    assert workspace._recorded_throughput("listops", "hkt", tmp_path) == (record["train_examples_per_s"], "cpu_small")
+    assert workspace._recorded_throughput("listops", "mha", tmp_path) is None
+    faster = {**record, "run": "listops-hkt-cpu-seed0", "preset": "cpu", "train_examples_per_s": 2 * record["train_examples_per_s"]}
+    (tmp_path / "listops-hkt-cpu-seed0.json").write_text(json.dumps(faster))
+    assert workspace._recorded_throughput("listops", "hkt", tmp_path) == (faster["train_examples_per_s"], "cpu")
 
 
 class _Metadata:

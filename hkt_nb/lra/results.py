@@ -76,7 +76,7 @@ def fetch_committed_results(results_dir,  # the folder to fill (created when mis
 # %% ../../nbs/09_results.ipynb #55883e21
 def run_name(task: str,  # "listops", "scifar10" or "imdb"
              model: str,  # "hkt", "mha", "hkt_l1" or "hkt_l2"
-             preset: str,  # "smoke", "cpu" or "paper"
+             preset: str,  # "smoke", "cpu", "cpu_small" or "paper"
              seed: int,  # the run's seed
              ) -> str:
     "The name of a preset's own run, `<task>-<model>-<preset>-seed<k>`, also its file stem (variants: chapter 5)."
@@ -472,7 +472,7 @@ def pooled_comparison(results_dir, runs: dict, task: str, models: tuple, preset:
     return pooled_paired_bootstrap(np.stack(correct[models[0]]), np.stack(correct[models[1]]))
 
 
-PRESET_ORDER = ("paper", "cpu", "smoke")  # largest first
+PRESET_ORDER = ("paper", "cpu", "cpu_small", "smoke")  # largest first
 
 
 def choose_preset(results_dir, preset: str = "auto") -> tuple[str, dict]:
@@ -517,7 +517,7 @@ def summary_markdown(summary: dict) -> str:
              "test examples per task; it says nothing about the paper's scale):"]
     for task in dict.fromkeys(r["task"] for r in rows):
         if task not in summary["baselines"]:
-            lines.append(f"- {task}: no trivial baselines on disk for this preset, so whether its models have learned the task is not checked.")
+            lines.append(f"- {task}: no trivial baselines on disk for this preset (not computed yet: `python scripts/run_baselines.py --preset {preset}` computes them), so whether its models have learned the task is not checked.")
             continue
         name, bar = summary["baselines"][task]
         status = {m: s for (t, m), s in summary["learned"].items() if t == task and s["learned"] is not None}
@@ -556,12 +556,14 @@ def summary_markdown(summary: dict) -> str:
 
 
 def established_sentences(results_dir=None,  # default: `default_results_dir()` (chapter 5)
-                          preset: str = "cpu") -> str:
+                          preset: str = "auto") -> str:  # a preset, or "auto" (`choose_preset`: the page's rule)
     """Two sentences, without numbers, on what the runs of `preset` and their trivial baselines establish and what
     they do not (the book's first page): from `results_summary`."""
     from hkt_nb.lra.workspace import default_results_dir
 
-    summary = results_summary(default_results_dir() if results_dir is None else results_dir, preset)
+    results_dir = default_results_dir() if results_dir is None else results_dir
+    preset = choose_preset(results_dir, preset)[0]
+    summary = results_summary(results_dir, preset)
     rows = summary["rows"]
     if not any(r["n_test"] for r in rows):
         return (f"No `{preset}` runs are on disk here, so nothing about accuracy is established on this page; the "
@@ -569,7 +571,7 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     learned = [t for t in tasks if all(s["learned"] for (task, _), s in summary["learned"].items() if task == t)]
     decided = [r for r in rows if not r["counted"].startswith(("inconclusive", "excluded"))]
-    first = ("Established: the layer is implemented and tested as the book derives it, and at the small `cpu` scale "
+    first = (f"Established: the layer is implemented and tested as the book derives it, and at the small `{preset}` scale "
              + ("; ".join(f"{r['counted']} on {r['task']}" for r in decided) if decided else
                 "no comparison between the models is decided")
              + (f", with every model beating the trivial baselines on {', '.join(learned)} only." if learned and len(learned) < len(tasks)
@@ -578,7 +580,7 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
                 "token, or a linear model on pixels or bytes)."))
     second = ("Not established: whether HKT beats standard attention at the paper's scale, which needs a GPU and has "
               "not been run" + ("" if len(learned) == len(tasks) else
-                                f", nor at the `cpu` scale on {', '.join(t for t in tasks if t not in learned)}, where "
+                                f", nor at the `{preset}` scale on {', '.join(t for t in tasks if t not in learned)}, where "
                                 "not every model has yet learned more than those baselines") + ".")
     return first + " " + second
 

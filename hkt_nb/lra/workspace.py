@@ -21,7 +21,8 @@ from .config import Preset, build_config, get_preset
 from .tasks import TASKS
 
 # %% auto #0
-__all__ = ['FULL_TRAIN_SIZE', 'default_results_dir', 'records_url', 'fetch_record', 'estimate_seconds', 'estimated_time']
+__all__ = ['FULL_TRAIN_SIZE', 'THROUGHPUT_PRESETS', 'default_results_dir', 'records_url', 'fetch_record', 'estimate_seconds',
+           'estimated_time']
 
 # %% ../../nbs/05f_workspace.ipynb #a27d9882
 def _clone_root(start: Path) -> Path | None:
@@ -86,7 +87,7 @@ def records_url() -> str:
 
 
 def fetch_record(
-    name: str,  # a path relative to results/, e.g. "bench_cost_cpu.json" or "listops-hkt-cpu-seed0.json"
+    name: str,  # a path relative to results/, e.g. "bench_cost_cpu.json" or "listops-hkt-cpu_small-seed0.json"
     folder="results",  # where the record is looked for and copied to
 ) -> Path:  # the local path of the record
     """A committed record (results JSON, benchmark JSON) at `folder/name`; when it is not there (a chapter opened
@@ -122,19 +123,25 @@ class _FullTrainSize(Mapping):
 FULL_TRAIN_SIZE = _FullTrainSize()
 
 
-def _recorded_throughput(task: str, model: str, results_dir) -> tuple[float, dict] | None:
-    """(examples per second, model config) of a finished `cpu`-preset run of task and model in `results_dir`; a record
-    that cannot be read is skipped with a UserWarning naming it (an estimate never stops a run)."""
+#: The CPU presets whose finished runs give the throughput of an estimate, the first with a record winning.
+THROUGHPUT_PRESETS = ("cpu", "cpu_small")
+
+
+def _recorded_throughput(task: str, model: str, results_dir) -> tuple[float, str] | None:
+    """(examples per second, preset name) of a finished run of task and model in `results_dir`, of the first preset of
+    `THROUGHPUT_PRESETS` that has one; a record that cannot be read is skipped with a UserWarning naming it (an
+    estimate never stops a run)."""
     from hkt_nb.lra.records import UnreadableRecordError, read_record  # torch: only for an estimate
 
-    for path in sorted(absolute_path(results_dir).glob(f"{task}-{model}-cpu-seed*.json")):
-        try:
-            record = read_record(path)
-        except (UnreadableRecordError, OSError) as error:
-            warnings.warn(f"time estimate: skipped {error}", stacklevel=2)
-            continue
-        if record.get("complete") and record.get("train_examples_per_s"):
-            return record["train_examples_per_s"], record["config"]["model"]
+    for name in THROUGHPUT_PRESETS:
+        for path in sorted(absolute_path(results_dir).glob(f"{task}-{model}-{name}-seed*.json")):
+            try:
+                record = read_record(path)
+            except (UnreadableRecordError, OSError) as error:
+                warnings.warn(f"time estimate: skipped {error}", stacklevel=2)
+                continue
+            if record.get("complete") and record.get("train_examples_per_s") and record.get("preset") == name:
+                return record["train_examples_per_s"], name
     return None
 
 
@@ -142,9 +149,9 @@ def estimate_seconds(
     task: str,  # "listops", "imdb" or "scifar10"
     model: str,  # an arm (`ARMS`)
     preset: str | Preset,  # the preset to estimate
-    results_dir="results",  # where the finished `cpu` runs are
+    results_dir="results",  # where the finished CPU runs are (`THROUGHPUT_PRESETS`)
 ) -> float | None:  # seconds, or None without a record
-    """Rough CPU training time of one run of `preset`, from the throughput recorded by a finished `cpu` run of the
+    """Rough CPU training time of one run of `preset`, from the throughput recorded by a finished CPU run (`THROUGHPUT_PRESETS`) of the
     same task and model, scaled by the ratio of parameter counts (cost per token grows with the weights) and by
     the number of examples seen. None when no such record exists."""
     from hkt_nb.model import count_parameters  # torch: only for an estimate
@@ -153,10 +160,10 @@ def estimate_seconds(
     recorded = _recorded_throughput(task, model, results_dir)
     if recorded is None or task not in FULL_TRAIN_SIZE:
         return None
-    throughput, recorded_model = recorded
+    throughput, recorded_preset = recorded
     vocab_size, n_classes = task_sizes(task)
     ratio = count_parameters(build_config(task, model, preset, vocab_size, n_classes)) / count_parameters(
-        build_config(task, model, get_preset("cpu"), vocab_size, n_classes))
+        build_config(task, model, get_preset(recorded_preset), vocab_size, n_classes))
     train_config = preset.train_config(task)
     n_train = min(train_config.n_train or FULL_TRAIN_SIZE[task], FULL_TRAIN_SIZE[task])
     return train_config.epochs * n_train * ratio / throughput
@@ -168,10 +175,10 @@ def estimated_time(
     preset: str | Preset,
     seeds,  # the seeds about to run
     device: str,  # "auto", "cpu" or "cuda[:k]"
-    results_dir="results",  # where the finished `cpu` runs are
+    results_dir="results",  # where the finished CPU runs are (`THROUGHPUT_PRESETS`)
 ) -> str:  # one line to print before training
     """The estimated training time of the runs about to start on the detected device, from recorded throughput
-    (`estimate_seconds`: the finished `cpu` runs), or what is missing for an estimate. When the GPU-sized `paper`
+    (`estimate_seconds`: the finished CPU runs), or what is missing for an estimate. When the GPU-sized `paper`
     preset is about to run on a CPU it also warns (UserWarning), with the same estimate in hours."""
     import torch  # only to see whether a GPU is there
 
@@ -186,9 +193,9 @@ def estimated_time(
     if preset.name == "paper":
         hours = "many hours" if total is None else f"about {total / 3600:,.0f} hours"
         warnings.warn(f"the 'paper' preset is sized for a GPU; on this CPU {n_runs} run(s) of {task} would take "
-                      f"{hours} (from the throughput of the recorded cpu runs)", stacklevel=2)
+                      f"{hours} (from the throughput of the recorded CPU runs)", stacklevel=2)
     if total is None:
-        return f"estimated time on this CPU: unknown (no finished cpu-preset run of {task} in {results_dir})"
+        return f"estimated time on this CPU: unknown (no finished run of a CPU preset {THROUGHPUT_PRESETS} of {task} in {results_dir})"
     span = f"{total:.0f} s" if total < 120 else f"{total / 60:.0f} min" if total < 7200 else f"{total / 3600:,.0f} h"
     return (f"estimated time on this CPU: about {span} for {n_runs} run(s) of preset {preset.name!r} (from the "
-            f"throughput of the recorded cpu runs; finished runs are loaded instead)")
+            f"throughput of the recorded CPU runs; finished runs are loaded instead)")
