@@ -78,3 +78,26 @@ def test_records_url_reads_the_source_project_url_never_the_home_page(monkeypatc
     monkeypatch.setattr(workspace.metadata, "metadata", lambda name: _Metadata([site]))
     with pytest.raises(RuntimeError, match="HKT_NB_RECORDS"):  # the book's site is no repository
         records_url()
+
+
+def test_estimate_scales_with_the_sequence_length(tmp_path):
+    "A preset whose data options shorten T (ListOps' short setting) is estimated from a T = 512 record, scaled by T."
+    import shutil
+    from dataclasses import replace
+
+    from hkt_nb.lra.benchmarks import task_sizes
+    from hkt_nb.lra.config import PRESETS, build_config
+    from hkt_nb.model import count_parameters
+
+    root = Path(__file__).resolve().parents[1] / "results"
+    shutil.copy(root / "listops-hkt-cpu_small-seed0.json", tmp_path)  # the only throughput record: T = 512
+    long = PRESETS["cpu_small"]
+    short = replace(long, name="cpu_short", train=replace(long.train, task_options={"setting": "short"},
+                                                          **long.per_task["listops"]))  # same sizes
+    v, k = task_sizes("listops")
+    params = count_parameters(build_config("listops", "hkt", short, v, k)) / count_parameters(build_config("listops", "hkt", long, v, k))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(PRESETS, "cpu_short", short)  # same sizes at T = 128: a quarter, times the (tiny) parameter ratio
+        short_s = estimate_seconds("listops", "hkt", short, tmp_path)
+    assert build_config("listops", "hkt", short, v, k).max_len == 128
+    assert short_s == pytest.approx(estimate_seconds("listops", "hkt", long, tmp_path) * params * 128 / 512)

@@ -152,8 +152,9 @@ def estimate_seconds(
     results_dir="results",  # where the finished CPU runs are (`THROUGHPUT_PRESETS`)
 ) -> float | None:  # seconds, or None without a record
     """Rough CPU training time of one run of `preset`, from the throughput recorded by a finished CPU run (`THROUGHPUT_PRESETS`) of the
-    same task and model, scaled by the ratio of parameter counts (cost per token grows with the weights) and by
-    the number of examples seen. None when no such record exists."""
+    same task and model, scaled by the ratio of parameter counts (cost per token grows with the weights), by the
+    ratio of sequence lengths (tokens per example: linear, so a shorter T is slightly overestimated) and by the
+    number of examples seen. None when no such record exists."""
     from hkt_nb.model import count_parameters  # torch: only for an estimate
 
     preset = get_preset(preset)
@@ -162,8 +163,9 @@ def estimate_seconds(
         return None
     throughput, recorded_preset = recorded
     vocab_size, n_classes = task_sizes(task)
-    ratio = count_parameters(build_config(task, model, preset, vocab_size, n_classes)) / count_parameters(
-        build_config(task, model, get_preset(recorded_preset), vocab_size, n_classes))
+    target = build_config(task, model, preset, vocab_size, n_classes)
+    source = build_config(task, model, get_preset(recorded_preset), vocab_size, n_classes)
+    ratio = count_parameters(target) / count_parameters(source) * target.max_len / source.max_len
     train_config = preset.train_config(task)
     n_train = min(train_config.n_train or FULL_TRAIN_SIZE[task], FULL_TRAIN_SIZE[task])
     return train_config.epochs * n_train * ratio / throughput
