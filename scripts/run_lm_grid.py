@@ -1,0 +1,41 @@
+"""Train the language-model chapter's runs of a preset seed by seed, skipping finished ones (chapter 15).
+
+    python scripts/run_lm_grid.py [--preset cpu] [--models mha hkt_l3 ...] [--seeds 0 1 2] [--threads 1]
+
+Seed-major order (every model of seed 0 first), so that an interrupted grid has complete seeds to compare. Each
+run writes `results/lm/lm-<model>-<preset>-seed<k>.json` when it finishes; `run_lm` loads a finished run with the
+same configuration instead of training it. A run has no mid-run checkpoint: an interrupted one starts again.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # this checkout's hkt_nb, not another installed copy
+    sys.path.insert(0, str(ROOT))
+
+ORDER = ("mha", "hkt_l3", "hkt_l1", "mha_window", "hkt_l2")  # the main comparison first, then the ablations
+
+
+def main() -> None:
+    import torch
+
+    from hkt_nb.lm import LM_PRESETS, run_lm
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="cpu")
+    p.add_argument("--models", nargs="*", default=list(ORDER))
+    p.add_argument("--seeds", nargs="*", type=int, default=None, help="default: the preset's")
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    for seed in a.seeds if a.seeds is not None else LM_PRESETS[a.preset].seeds:
+        for model in a.models:
+            run_lm([model], a.preset, [seed], log=lambda line: print(line, flush=True))
+            print(f"done lm-{model}-{a.preset}-seed{seed}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
