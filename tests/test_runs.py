@@ -91,7 +91,11 @@ def test_finished_run_accepts_the_committed_records(path):
     record = json.loads(path.read_text())
     found = finished_run(record["task"], record["model"], "cpu_small", 0, REPO / "results")
     assert found is not None and found["test_acc"] == record["test_acc"]
-    assert finished_run(record["task"], record["model"], "cpu", 0, REPO / "results") is None
+    from hkt_nb.lra.config import conforms_to_preset
+
+    assert not conforms_to_preset(record, "cpu")  # the cpu grid's own run of that name, when committed, is another one
+    cpu = finished_run(record["task"], record["model"], "cpu", 0, REPO / "results")
+    assert cpu is None or (cpu["preset"] == "cpu" and cpu["run"] != record["run"])
 
 
 def test_execution_only_fields_never_make_a_run_stale(tmp_path):
