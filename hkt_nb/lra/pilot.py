@@ -20,6 +20,8 @@ PILOT_CANDIDATES = {
     "scifar10-20k": ("scifar10", {}, 1024, dict(n_train=10_000, epochs=2)),
     "listops-paper-48k": ("listops", {"setting": "paper"}, 512, dict(n_train=16_000, epochs=3)),
     "imdb-20k": ("imdb", {}, 1024, dict(n_train=10_000, epochs=2)),
+    "scifar10-45k": ("scifar10", {}, 1024, dict(n_train=45_000, epochs=1)),  # the provisional cpu size: all of train
+    "imdb-45k": ("imdb", {}, 1024, dict(n_train=22_500, epochs=2)),  # the provisional cpu size: all of train, twice
 }
 PILOT_MODELS = ("hkt", "mha")
 PILOT_N_VAL = PILOT_N_TEST = 1000  # examples; the pilot decides on validation, its test scores are shown, not used

@@ -231,7 +231,7 @@ register_task(Task(
     "scifar10", n_classes=10, vocab_size=BYTE_VOCAB_SIZE, seq_len=1024,
     load=_benchmarks("cifar10_splits"), tokenise=tokenise_image, options={"rgb": False}, check=_benchmarks("scifar10_check"),
     hub="uoft-cs/cifar10", unit="images",
-    sizes={"cpu": {"n_train": None, "epochs": 1}, "cpu_small": {"n_train": 2500, "epochs": 4},
+    sizes={"cpu": {"n_train": 45_000, "epochs": 1}, "cpu_small": {"n_train": 2500, "epochs": 4},
            "paper": {"epochs": 100, "batch_size": 64, "lr": 1e-3}},
     train_size=45_000, models=("hkt", "mha"), paper={"hkt": (35.45, 0.09), "mha": (34.01, 0.19)},
     baselines={"majority": "majority_baseline", "pixels": "pixel_softmax_baseline", "histogram": "histogram_softmax_baseline"},
@@ -240,7 +240,7 @@ register_task(Task(
 register_task(Task(
     "imdb", n_classes=2, vocab_size=BYTE_VOCAB_SIZE, seq_len=1024,
     load=_benchmarks("imdb_splits"), tokenise=tokenise_text, hub="stanfordnlp/imdb", unit="reviews",
-    sizes={"cpu": {"n_train": None, "epochs": 2, "n_test": 10_000}, "cpu_small": {"n_train": 2500, "epochs": 4},
+    sizes={"cpu": {"n_train": 22_500, "epochs": 2, "n_test": 10_000}, "cpu_small": {"n_train": 2500, "epochs": 4},
            "paper": {"epochs": 32}},
     train_size=22_500, models=("hkt", "mha"), paper={"hkt": (70.19, 0.57), "mha": (62.72, 0.40)},
     baselines={"majority": "majority_baseline", "byte_unigrams": "byte_unigram_baseline", "byte_bigrams": "byte_bigram_baseline"},
