@@ -14,7 +14,6 @@ The candidates and the rule that turns them into the `cpu` preset are the librar
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -35,19 +34,19 @@ def pilot_path(results: Path, candidate: str, model: str) -> Path:
 def run(candidate: str, model: str, results: Path) -> dict:
     import torch
 
-    from hkt_nb.lra.benchmarks import load_benchmark
+    from hkt_nb.lra.checkpoints import atomic_save
     from hkt_nb.lra.loop import train
 
     task, options, seq_len, overrides = CANDIDATES[candidate]
     torch.set_num_threads(1)
-    caps = {"train": overrides["n_train"], "validation": N_VAL, "test": N_TEST}
-    data = load_benchmark(task, seq_len=seq_len, max_examples=caps, seed=0, **options)
-    record = train(task, model, "cpu", 0, dataset=data, model_overrides={"max_len": seq_len},
-                   train_overrides={**overrides, "n_val": N_VAL, "n_test": N_TEST, "save_model": False},
-                   results_dir=results / "runs", progress=False)
+    # a variant of the cpu preset: the candidate's data options (T follows them) and sizes, the pilot's own splits
+    record = train(task, model, "cpu", 0, results_dir=results / "runs", progress=False,
+                   train_overrides={**overrides, "task_options": options or None, "n_val": N_VAL, "n_test": N_TEST,
+                                    "save_model": False})
+    assert record["config"]["model"]["max_len"] == seq_len, (candidate, record["config"]["model"]["max_len"])
     record = {**record, "pilot": {"candidate": candidate, "task": task, "options": options, "seq_len": seq_len,
                                   "overrides": overrides}}
-    pilot_path(results, candidate, model).write_text(json.dumps(record, indent=1, default=str))
+    atomic_save(record, pilot_path(results, candidate, model))
     return record
 
 
@@ -55,16 +54,17 @@ def baselines(candidate: str, results: Path) -> dict:
     """The task's trivial baselines (chapter 4d) fit on the candidate's own training split, chosen on its validation
     split: `results/pilot/baselines-<candidate>.json` (accuracies only; the pilot decides on validation)."""
     from hkt_nb.lra.baselines import fit_baselines, split_sequences
-    from hkt_nb.lra.benchmarks import load_benchmark
+    from hkt_nb.lra.benchmarks import load_task
+    from hkt_nb.lra.checkpoints import atomic_save
 
-    task, options, seq_len, overrides = CANDIDATES[candidate]
+    task, options, _, overrides = CANDIDATES[candidate]
     caps = {"train": overrides["n_train"], "validation": N_VAL, "test": N_TEST}
-    data = load_benchmark(task, seq_len=seq_len, max_examples=caps, seed=0, **options)
+    data = load_task(task, caps=caps, seed=0, options=options or None)  # the splits `run` trains on
     fit = fit_baselines(task, "cpu", splits={s: split_sequences(data[s]) for s in ("train", "validation", "test")})
     body = {"candidate": candidate, "strongest": fit["strongest"], "sizes": fit["sizes"],
             "baselines": {name: {k: v for k, v in b.items() if k in ("val_acc", "test_acc", "hyper", "fit_time_s")}
                           for name, b in fit["baselines"].items()}}
-    baselines_path(results, candidate).write_text(json.dumps(body, indent=1, default=str) + "\n")
+    atomic_save(body, baselines_path(results, candidate))
     return body
 
 
