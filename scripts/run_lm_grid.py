@@ -5,6 +5,8 @@
 Seed-major order (every model of seed 0 first), so that an interrupted grid has complete seeds to compare. Each
 run writes `results/lm/lm-<model>-<preset>-seed<k>.json` when it finishes; `run_lm` loads a finished run with the
 same configuration instead of training it. A run has no mid-run checkpoint: an interrupted one starts again.
+Two queues may share a grid (e.g. one started with `--reverse`): a run being trained holds the lock file
+`results/lm/<run>.lock` (chapter 5's `run_lock`), and the other queue skips it.
 """
 from __future__ import annotations
 
@@ -22,19 +24,28 @@ ORDER = ("mha", "hkt_l3", "hkt_l1", "mha_window", "hkt_l2")  # the main comparis
 def main() -> None:
     import torch
 
-    from hkt_nb.lm import LM_PRESETS, run_lm
+    from hkt_nb.lm import LM_PRESETS, default_lm_results_dir, lm_run_name, run_lm
+    from hkt_nb.lra.checkpoints import RunLockedError, run_lock
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="cpu")
     p.add_argument("--models", nargs="*", default=list(ORDER))
     p.add_argument("--seeds", nargs="*", type=int, default=None, help="default: the preset's")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--reverse", action="store_true", help="take the runs in the opposite order (a second queue)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    for seed in a.seeds if a.seeds is not None else LM_PRESETS[a.preset].seeds:
-        for model in a.models:
-            run_lm([model], a.preset, [seed], log=lambda line: print(line, flush=True))
-            print(f"done lm-{model}-{a.preset}-seed{seed}", flush=True)
+    seeds = a.seeds if a.seeds is not None else LM_PRESETS[a.preset].seeds
+    todo = [(seed, model) for seed in seeds for model in a.models]
+    for seed, model in reversed(todo) if a.reverse else todo:
+        name = lm_run_name(model, a.preset, seed)
+        try:
+            with run_lock(default_lm_results_dir() / f"{name}.lock", name):
+                run_lm([model], a.preset, [seed], log=lambda line: print(line, flush=True))
+        except RunLockedError as error:
+            print(f"skipped {name}: {error}", flush=True)
+            continue
+        print(f"done {name}", flush=True)
 
 
 if __name__ == "__main__":

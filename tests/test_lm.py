@@ -624,3 +624,22 @@ def test_alpha_is_chosen_on_the_end_of_the_training_text_only():
     np.testing.assert_allclose(out["sequence_bpb"], held, rtol=1e-12)  # refit on the whole training text
     other = fit_ngram_baselines(train, held_out[::-1], block=16, orders=(2,), alphas=(0.3, 3.0), val_fraction=0.1)["ngram2"]
     assert other["validation_bpb_by_alpha"] == out["validation_bpb_by_alpha"]  # the held-out text chooses nothing
+
+
+def test_lm_grid_script_skips_a_run_another_queue_holds(tmp_path):
+    "Two queues share the LM grid: a run whose lock another process holds is skipped, not trained twice."
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hkt_nb.lra.checkpoints import run_lock
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**__import__("os").environ, "HKT_RESULTS_DIR": str(tmp_path)}
+    name = "lm-mha-smoke-seed0"
+    with run_lock(tmp_path / "lm" / f"{name}.lock", name):
+        out = subprocess.run([sys.executable, str(root / "scripts" / "run_lm_grid.py"), "--preset", "smoke",
+                              "--models", "mha", "--seeds", "0"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"skipped {name}" in out.stdout and f"training {name}" not in out.stdout
+    assert not (tmp_path / "lm" / f"{name}.json").exists()
