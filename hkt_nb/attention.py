@@ -233,7 +233,7 @@ class HierarchicalAttention(nn.Module):
         self.k_proj = nn.ModuleList(nn.Linear(d_model, d_model, bias=bias) for _ in range(n_levels))
         self.v_proj = nn.Linear(d_model, d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.pyramid = Pyramid(d_model, n_levels, stride, kernel_size)
+        self.pyramid = Pyramid(d_model, n_levels, stride, kernel_size, bias)
         self.level_logits = nn.Parameter(torch.zeros(n_heads, n_levels))  # w: lambda = softmax(w)
         self.gate_logits = nn.Parameter(torch.zeros(n_heads))  # gamma: g = sigmoid(gamma)
         self.conv_kernel_size = conv_kernel_size
@@ -258,6 +258,21 @@ def lambdas(self) -> torch.Tensor:
 def gates(self) -> torch.Tensor:
     r"Hybrid gates $g = \sigma(\gamma)$ (H,), 1 = pure attention, 0 = pure convolution (Eq. 5)."
     return torch.sigmoid(self.gate_logits)
+
+# %% ../nbs/02_attention.ipynb #9469f82f
+@add_to_class(HierarchicalAttention)
+@torch.no_grad()
+def reset_parameters(self) -> None:
+    r"""Draw every parameter again as the constructor does (same order, global generator): PyTorch's defaults for the
+    projections and convolutions, query weights times $\sqrt L$ (not the query biases), level and gate logits 0."""
+    for module in [*self.q_proj, *self.k_proj, self.v_proj, self.out_proj]:
+        module.reset_parameters()
+    for down in self.pyramid.down:
+        down.depthwise.reset_parameters(), down.pointwise.reset_parameters()
+    self.level_logits.zero_(), self.gate_logits.zero_()
+    self.value_conv.reset_parameters()
+    for q in self.q_proj:
+        q.weight.mul_(math.sqrt(self.n_levels))
 
 # %% ../nbs/02_attention.ipynb #2389b6e0
 @add_to_class(HierarchicalAttention)
@@ -446,6 +461,11 @@ class MultiHeadAttention(nn.Module):
         self.d_model, self.n_heads, self.head_dim, self.causal, self.dropout = d_model, n_heads, d_model // n_heads, causal, dropout
         self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        "Draw the projections again as the constructor does (PyTorch's defaults, same order, global generator)."
+        self.qkv_proj.reset_parameters(), self.out_proj.reset_parameters()
 
     def _qkv(self, x):
         return [split_heads(t, self.n_heads) for t in self.qkv_proj(x).chunk(3, dim=-1)]

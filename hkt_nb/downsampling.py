@@ -93,13 +93,15 @@ step (`pad_to_stride`), so level $l$ costs $O(T_l)$ whatever `n_levels` is (chap
                  d_model: int,  # model width D >= 1
                  n_levels: int = 3,  # number of levels L >= 1 (L - 1 downsampling steps)
                  stride: int = 2,  # stride s >= 2
-                 kernel_size: int | None = None):  # depthwise kernel k >= s (None: k = s)
+                 kernel_size: int | None = None,  # depthwise kernel k >= s (None: k = s)
+                 bias: bool = True):  # biases of every step's depthwise and pointwise maps
         super().__init__()
         check_int("d_model", d_model, 1), check_int("n_levels", n_levels, 1), check_int("stride", stride, 2)
+        check_bool("bias", bias)
         if kernel_size is not None:
             check_int("kernel_size", kernel_size, stride)
         self.n_levels, self.stride = n_levels, stride
-        self.down = nn.ModuleList(CausalDownsample(d_model, stride, kernel_size) for _ in range(n_levels - 1))
+        self.down = nn.ModuleList(CausalDownsample(d_model, stride, kernel_size, bias) for _ in range(n_levels - 1))
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None):
         B, T, _ = x.shape

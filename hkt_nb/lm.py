@@ -18,19 +18,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hkt_nb.model import (  # (wrapped: nbdev leaves it absolute, so it comes first)
+    ClassifierConfig,
+    EncoderBlock,
+    check_input_ids,
+    count_parameters,
+    make_attention,
+    no_weight_decay,
+    register_attention,
+)
+
 from . import decoding
 from ._checks import check_choice, check_float, check_int
 from .attention import MultiHeadAttention, attention_mask, check_attention_inputs, level_scores, masked_attention
 from .decoding import CACHES, KVCache
-from .model import ClassifierConfig, EncoderBlock, check_input_ids, count_parameters, make_attention, register_attention
 
 # %% auto #0
-__all__ = ['NO_DECAY_NAMES', 'RECORD_VERSION', 'LM_MODELS', 'LM_SEEDS', 'LM_PRESETS', 'NGRAM_ORDERS', 'NGRAM_ALPHAS',
-           'MAX_NGRAM_ORDER', 'NGRAM_RECORD_VERSION', 'window_mask', 'WindowParams', 'SlidingWindowAttention',
-           'LMConfig', 'ByteLM', 'configure_optimizer', 'count_lm_parameters', 'imdb_bytes', 'as_tensor',
-           'random_batch', 'eval_windows', 'lm_loss', 'sequence_bits_per_byte', 'LMTrainConfig', 'lr_at', 'train_lm',
-           'save_record', 'load_record', 'RecomputeDecoder', 'generate', 'generation_ms_per_token', 'WindowKVCache',
-           'CachedDecoder', 'default_decoder', 'LMPreset', 'match_lm_parameters', 'lm_model_config', 'lm_run_name',
+__all__ = ['RECORD_VERSION', 'LM_MODELS', 'LM_SEEDS', 'LM_PRESETS', 'NGRAM_ORDERS', 'NGRAM_ALPHAS', 'MAX_NGRAM_ORDER',
+           'NGRAM_RECORD_VERSION', 'window_mask', 'WindowParams', 'SlidingWindowAttention', 'LMConfig', 'ByteLM',
+           'configure_optimizer', 'count_lm_parameters', 'imdb_bytes', 'as_tensor', 'random_batch', 'eval_windows',
+           'lm_loss', 'sequence_bits_per_byte', 'LMTrainConfig', 'lr_at', 'train_lm', 'save_record', 'load_record',
+           'RecomputeDecoder', 'generate', 'generation_ms_per_token', 'WindowKVCache', 'CachedDecoder',
+           'default_decoder', 'LMPreset', 'match_lm_parameters', 'lm_model_config', 'lm_run_name',
            'default_lm_results_dir', 'run_lm', 'compare_lm', 'ByteNGram', 'fit_byte_ngram',
            'interpolated_ngram_probability', 'ngram_window_counts', 'ngram_bits_per_byte', 'ngram_distribution',
            'fit_ngram_baselines', 'ngram_baselines', 'lm_learned_the_task', 'counted_lm_verdict']
@@ -182,7 +191,7 @@ class ByteLM(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         "Names of the parameters optimisers should not decay: biases, norms, HKT's level and gate logits (see below)."
-        return _no_weight_decay(self)
+        return no_weight_decay(self)
 
     def attention_layers(self) -> list[nn.Module]:
         "The attention module of each block, in order."
@@ -209,36 +218,24 @@ class ByteLM(nn.Module):
         self.norm.reset_parameters()
 
 # %% ../nbs/15_lm.ipynb #4d5566ac
-NO_DECAY_NAMES = ("level_logits", "gate_logits")  # parameter names (last component) that are never decayed
-
-
-def _no_weight_decay(model: nn.Module) -> set[str]:
-    "Names (as `named_parameters` gives them) of biases, normalisation parameters and `NO_DECAY_NAMES`."
-    names = set()
-    for module_name, module in model.named_modules():
-        norm = isinstance(module, (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.modules.batchnorm._BatchNorm))
-        for name, _ in module.named_parameters(recurse=False):
-            if norm or name == "bias" or name in NO_DECAY_NAMES:
-                names.add(f"{module_name}.{name}" if module_name else name)
-    return names
-
-
 def configure_optimizer(
-    model: nn.Module,  # a model with `no_weight_decay()` (else the rule of `ByteLM.no_weight_decay` is used)
+    model: nn.Module,  # any model: its `no_weight_decay()` method if it has one, else `hkt_nb.model.no_weight_decay`
     lr: float,  # learning rate > 0
     weight_decay: float = 0.1,  # decoupled weight decay >= 0 of the decayed group
     betas: tuple = (0.9, 0.99),  # Adam's betas, each in [0, 1)
 ) -> torch.optim.AdamW:
     """AdamW with two parameter groups: every trainable parameter (tied ones once) either in the decayed group or
-    in the group with `weight_decay = 0` named by `model.no_weight_decay()`. Raises `ValueError` naming a bad
-    argument or a name of `no_weight_decay()` that is not a parameter."""
+    in the group with `weight_decay = 0`. The exempt names are `model.no_weight_decay()` when the model defines it
+    (then it is the complete set: biases and norms it leaves out are decayed), else the rule of
+    `hkt_nb.model.no_weight_decay(model)` (chapter *The model*: biases, norms, level and gate logits). Raises
+    `ValueError` naming a bad argument or a name of `no_weight_decay()` that is not a parameter."""
     check_float("lr", lr, 0.0, low_open=True), check_float("weight_decay", weight_decay, 0.0)
     if len(betas) != 2:
         raise ValueError(f"betas must be a pair, got {betas!r}")
     for beta in betas:
         check_float("betas", beta, 0.0, 1.0, high_open=True)
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
-    exempt = model.no_weight_decay() if hasattr(model, "no_weight_decay") else _no_weight_decay(model)
+    exempt = model.no_weight_decay() if hasattr(model, "no_weight_decay") else no_weight_decay(model)
     unknown = sorted(set(exempt) - set(dict(model.named_parameters())))
     if unknown:
         raise ValueError(f"no_weight_decay() names {unknown}, which are not parameters of the model")

@@ -19,9 +19,10 @@ from .attention import HierarchicalAttention, MultiHeadAttention, add_to_class, 
 from .pretrained import PretrainedMixin
 
 # %% auto #0
-__all__ = ['ATTENTION_VARIANTS', 'FLAT_HKT_FIELDS', 'AttentionVariant', 'register_attention', 'get_attention_variant',
-           'HKTParams', 'MHAParams', 'ClassifierConfig', 'make_attention', 'EncoderBlock', 'masked_mean',
-           'HKTClassifier', 'count_parameters', 'match_parameters', 'matched_mha_config', 'check_input_ids']
+__all__ = ['ATTENTION_VARIANTS', 'NO_DECAY_NAMES', 'FLAT_HKT_FIELDS', 'AttentionVariant', 'register_attention',
+           'get_attention_variant', 'HKTParams', 'MHAParams', 'ClassifierConfig', 'make_attention', 'EncoderBlock',
+           'masked_mean', 'HKTClassifier', 'count_parameters', 'match_parameters', 'matched_mha_config',
+           'no_weight_decay', 'check_input_ids']
 
 # %% ../nbs/03_model.ipynb #77b5d63b
 @dataclass(frozen=True)
@@ -287,6 +288,24 @@ def matched_mha_config(cfg: ClassifierConfig) -> ClassifierConfig:
     MLP width `d_ff` chosen by `match_parameters` (the counts differ by at most n_layers (2D+1)/2)."""
     return match_parameters(replace(cfg, attention="mha", attention_params={}), count_parameters(cfg))
 
+
+# %% ../nbs/03_model.ipynb #5e4ecf57
+NO_DECAY_NAMES = ("level_logits", "gate_logits")  # parameter names (last component) that are never decayed
+_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.modules.batchnorm._BatchNorm)
+
+
+def no_weight_decay(model: nn.Module) -> set[str]:
+    """Names (as `model.named_parameters()` gives them) of the parameters an optimiser should not decay: every
+    bias, every parameter of a normalisation layer, and HKT's `NO_DECAY_NAMES` (see the text). Convolution kernels
+    and embeddings are decayed like the weight matrices. Raises `TypeError` when `model` is not an `nn.Module`."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    names = set()
+    for module_name, module in model.named_modules():
+        for name, _ in module.named_parameters(recurse=False):
+            if isinstance(module, _NORMS) or name == "bias" or name in NO_DECAY_NAMES:
+                names.add(f"{module_name}.{name}" if module_name else name)
+    return names
 
 # %% ../nbs/03_model.ipynb #35af2e19
 def check_input_ids(

@@ -351,3 +351,52 @@ def test_readme_parameter_counts_are_the_layers(repo_root):
     counts = [sum(p.numel() for p in layer.parameters()) for layer in
               [MultiHeadAttention(128, 4)] + [HierarchicalAttention(128, 4, n_levels=L) for L in (1, 2, 3)]]
     assert [int(n.replace(",", "")) for n in quoted.groups()] == counts
+
+
+# ---------------------------------------------------------------- a new user's GPT script (issue 18): bias, init
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_levels,kernel_size", [(1, None), (3, None), (3, 3)])
+def test_bias_false_removes_every_bias(causal, n_levels, kernel_size):
+    "`bias=False` reaches the projections, the hybrid convolution and every pyramid step (depthwise and pointwise)."
+    from hkt_nb.downsampling import CausalDownsample, Pyramid
+
+    with_bias = HierarchicalAttention(16, 2, n_levels, causal=causal, kernel_size=kernel_size)
+    without = HierarchicalAttention(16, 2, n_levels, causal=causal, kernel_size=kernel_size, bias=False)
+    biases = [n for n, _ in with_bias.named_parameters() if n.endswith("bias")]
+    assert len(biases) == 2 * n_levels + 3 + 2 * (n_levels - 1)  # q, k per level; v, out, value_conv; 2 per step
+    assert not [n for n, _ in without.named_parameters() if n.endswith("bias")]
+    assert sum(p.numel() for p in with_bias.parameters()) - sum(p.numel() for p in without.parameters()) == 16 * len(biases)
+    assert not [n for n, _ in Pyramid(8, 3, bias=False).named_parameters() if n.endswith("bias")]
+    assert CausalDownsample(8, 2, bias=False).depthwise.bias is None
+    assert [n for n, _ in MultiHeadAttention(16, 2, bias=False).named_parameters() if n.endswith("bias")] == []
+    x = torch.zeros(2, 9, 16)
+    assert torch.equal(without(x), torch.zeros(2, 9, 16))  # a layer without biases maps zeros to zeros
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_bias_false_layer_decodes_exactly(bias, randomise):
+    from hkt_nb.decoding import cached_forward
+
+    layer = randomise(HierarchicalAttention(16, 4, 3, causal=True, bias=bias).double()).eval()
+    x = torch.randn(2, 37, 16, dtype=torch.float64)
+    torch.testing.assert_close(cached_forward(layer, x, 5), layer(x), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls,kwargs", [(HierarchicalAttention, {"n_levels": 3, "kernel_size": 3, "causal": True}),
+                                        (HierarchicalAttention, {"n_levels": 1}), (MultiHeadAttention, {})])
+def test_reset_parameters_draws_what_the_constructor_draws(cls, kwargs):
+    "After a GPT-style `_init_weights` redraw, `reset_parameters` restores the layer's own init (sqrt(L) included)."
+    torch.manual_seed(3)
+    fresh = cls(16, 2, **kwargs)
+    layer = cls(16, 2, **kwargs)
+    for module in layer.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+    torch.manual_seed(3)
+    layer.reset_parameters()
+    for (name, a), b in zip(fresh.state_dict().items(), layer.state_dict().values()):
+        assert torch.equal(a, b), name
+    if cls is HierarchicalAttention and kwargs["n_levels"] == 3:
+        plain = torch.nn.Linear(16, 16)  # the default draw has std 1/sqrt(3 D): the queries have sqrt(L) times it
+        ratio = layer.q_proj[0].weight.std() / plain.weight.std()
+        assert 1.4 < ratio < 2.1  # sqrt(3) = 1.73 up to sampling

@@ -643,3 +643,71 @@ def test_lm_grid_script_skips_a_run_another_queue_holds(tmp_path):
     assert out.returncode == 0, out.stderr
     assert f"skipped {name}" in out.stdout and f"training {name}" not in out.stdout
     assert not (tmp_path / "lm" / f"{name}.json").exists()
+
+
+class _UsersGPT(nn.Module):
+    "A GPT-style model written without the library's helpers (a user's own), with HKT's causal attention."
+    def __init__(self, d_model=16, n_heads=2):
+        super().__init__()
+        self.emb = nn.Embedding(256, d_model)
+        self.ln = nn.LayerNorm(d_model)
+        self.attn = HierarchicalAttention(d_model, n_heads, 3, causal=True)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+        self.head = nn.Linear(d_model, 256, bias=False)
+
+
+def test_no_weight_decay_of_a_users_own_model():
+    "`hkt_nb.no_weight_decay` on any model: biases, norms, level and gate logits; not the weights or conv kernels."
+    from hkt_nb import no_weight_decay
+
+    model = _UsersGPT()
+    exempt = no_weight_decay(model)
+    assert {"ln.weight", "ln.bias", "attn.level_logits", "attn.gate_logits", "attn.value_conv.bias",
+            "attn.pyramid.down.0.depthwise.bias", "attn.pyramid.down.1.pointwise.bias", "mlp.0.bias"} <= exempt
+    assert not exempt & {"emb.weight", "head.weight", "attn.value_conv.weight", "attn.q_proj.0.weight",
+                         "attn.pyramid.down.0.depthwise.weight", "mlp.0.weight"}
+    assert exempt == {n for n, _ in model.named_parameters()
+                      if n.endswith(("bias", "logits")) or n.startswith("ln.")}
+    groups = configure_optimizer(model, 1e-3, 0.1).param_groups  # no no_weight_decay() method: the same rule
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert {names[id(p)] for p in groups[1]["params"]} == exempt and groups[1]["weight_decay"] == 0.0
+    with pytest.raises(TypeError, match="nn.Module"):
+        no_weight_decay({"w": torch.zeros(2)})
+
+
+def _readme_section_code(heading: str) -> str:
+    "The python code blocks of one `## ` section of the README, joined."
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return "\n".join(re.findall(r"```python\n(.*?)```", section, flags=re.S))
+
+
+def test_readme_drop_in_block_and_cached_generation():
+    "The README's GPT-style block and its cached greedy decoding run as written and equal full-forward decoding."
+    namespace = {}
+    exec(_readme_section_code("Drop-in use in a GPT-style model"), namespace)
+    Block, cached_generate = namespace["Block"], namespace["cached_generate"]
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(Block(d_model=16, n_heads=2, n_levels=3) for _ in range(2)).double().eval()
+    tok, pos = nn.Embedding(256, 16).double(), nn.Embedding(64, 16).double()
+    ln_f, head = nn.LayerNorm(16).double(), nn.Linear(16, 256, bias=False).double()
+
+    def embed(ids, start):
+        return tok(ids) + pos(torch.arange(start, start + ids.shape[1]))
+
+    def full_logits(ids):
+        h = embed(ids, 0)
+        for b in blocks:
+            h = b(h)
+        return head(ln_f(h))
+
+    for prompt_length in (1, 5):
+        prompt = torch.randint(0, 256, (2, prompt_length))
+        with torch.no_grad():
+            expected = prompt
+            for _ in range(20):  # across blocks of every level (s^2 = 4)
+                expected = torch.cat([expected, full_logits(expected)[:, -1:].argmax(-1)], 1)
+        assert torch.equal(cached_generate(blocks, embed, ln_f, head, prompt, 20), expected)

@@ -468,3 +468,56 @@ def test_fetch_and_summary_of_a_preset_not_run_yet(tmp_path, monkeypatch):
     assert summary["baselines"] == {} and not any(r["n_test"] for r in summary["rows"])
     text = summary_markdown(summary)
     assert "not computed yet" in text and "scripts/run_baselines.py --preset cpu" in text
+
+
+def _write_grid(folder, task, preset, accuracies, labels):
+    """Every expected run of `task` at `preset` (model -> accuracy, the same on each seed), with predictions: the
+    committed seed-0 record of each model as the template, so that the runs conform to the preset."""
+    for model in EXPECTED_MODELS[task]:
+        template = RESULTS / f"{run_name(task, model, preset, 0)}.json"
+        if not template.is_file():
+            pytest.skip(f"no committed record {template.name}")
+        record = json.loads(template.read_text())
+        for seed in SEEDS:
+            name = _write_run(folder, task, model, seed, accuracies[model], labels, preset=preset)
+            written = json.loads((folder / f"{name}.json").read_text())
+            (folder / f"{name}.json").write_text(json.dumps({**record, **written}))
+
+
+def _write_baseline(folder, task, preset, accuracy):
+    (folder / "baselines").mkdir(exist_ok=True)
+    saved = {"task": task, "preset": preset, "strongest": "rule", "baselines": {"rule": {"test_acc": accuracy}}}
+    (folder / "baselines" / f"{task}-{preset}.json").write_text(json.dumps(saved))
+
+
+def test_each_task_is_summarised_at_the_largest_preset_where_its_grid_is_complete(tmp_path):
+    """ListOps complete at `cpu`, the other tasks only at `cpu_small`: "auto" shows `cpu`, and the summary and the
+    first page's sentences take every task at its own largest complete preset; a given preset takes every task."""
+    from hkt_nb.lra.results import choose_preset, established_sentences, results_summary, summary_markdown, task_scales
+
+    labels = np.arange(1000) % 10
+    _write_grid(tmp_path, "listops", "cpu", {"hkt": 0.6, "mha": 0.4, "hkt_l1": 0.45, "hkt_l2": 0.5}, labels)
+    _write_baseline(tmp_path, "listops", "cpu", 0.3)
+    for task in ("listops", "scifar10", "imdb"):
+        _write_grid(tmp_path, task, "cpu_small", {m: 0.2 for m in EXPECTED_MODELS[task]}, labels)
+        _write_baseline(tmp_path, task, "cpu_small", 0.25)
+    preset, counts = choose_preset(tmp_path)
+    assert preset == "cpu" and counts["cpu"] == (12, 24) and counts["cpu_small"] == (24, 24)
+    assert task_scales(tmp_path) == {"listops": "cpu", "scifar10": "cpu_small", "imdb": "cpu_small"}
+    assert task_scales(tmp_path, "cpu") == {t: "cpu" for t in EXPECTED_MODELS}
+    assert choose_preset(tmp_path, "cpu_small")[0] == "cpu_small"
+    listops = results_summary(tmp_path, "cpu", ["listops"])
+    assert listops["tasks"] == ["listops"] and {r["task"] for r in listops["rows"]} == {"listops"}
+    counted = {r["models"]: r["counted"] for r in listops["rows"]}
+    assert counted[("hkt", "mha")] == "hkt better than mha"  # 200 of 1,000 examples only hkt gets right, each seed
+    assert summary_markdown(listops).startswith("**At preset `cpu`**, on listops (scored on 1,000 test examples")
+    text = established_sentences(tmp_path)
+    assert "at the small `cpu` scale on listops, hkt better than mha" in text
+    assert "at the small `cpu_small` scale on scifar10, imdb, no comparison between the models is decided" in text
+    assert "nor at the `cpu_small` scale on scifar10, imdb, where not every model has learned" in text
+    explicit = established_sentences(tmp_path, "cpu")
+    assert "nor at the `cpu` scale on scifar10, imdb (not run yet)" in explicit
+    with pytest.raises(KeyError, match="unknown tasks"):
+        results_summary(tmp_path, "cpu", ["lisptops"])
+    (tmp_path / "baselines" / "listops-cpu.json").unlink()
+    assert "nor at the `cpu` scale on listops, whose trivial baselines are not computed" in established_sentences(tmp_path)

@@ -7,8 +7,9 @@ __all__ = ['EXPECTED_MODELS', 'PAIRS', 'PAPER_REPORTED', 'ALPHA', 'VERDICT_RULES
            'fetch_committed_results', 'run_name', 'load_runs', 'load_predictions', 'copy_finished_runs',
            'binomial_two_sided_p', 'mcnemar_exact', 'mcnemar_power', 'paired_bootstrap', 'pooled_paired_bootstrap',
            'correctness_correlation', 'standard_errors', 'compare_on_seed', 'seed_summary', 'verdict', 'seed_outcome',
-           'flips_to', 'verdict_margin', 'learned_the_task', 'counted_verdict', 'pooled_comparison', 'choose_preset',
-           'results_summary', 'summary_markdown', 'established_sentences', 'run_grid']
+           'flips_to', 'verdict_margin', 'learned_the_task', 'counted_verdict', 'pooled_comparison', 'grid_status',
+           'complete_tasks', 'choose_preset', 'task_scales', 'results_summary', 'summary_markdown',
+           'established_sentences', 'run_grid']
 
 # %% ../../nbs/09_results.ipynb #87d7b9c2
 import math
@@ -475,29 +476,61 @@ def pooled_comparison(results_dir, runs: dict, task: str, models: tuple, preset:
 PRESET_ORDER = ("paper", "cpu", "cpu_small", "smoke")  # largest first
 
 
-def choose_preset(results_dir, preset: str = "auto") -> tuple[str, dict]:
-    """`(preset, counts)`: `preset` itself, or for "auto" the largest preset of `PRESET_ORDER` whose expected grid is
-    complete, else the one with the most finished runs (ties: the larger); `counts` {name: (finished, expected)}."""
-    counts = {}
+def grid_status(results_dir) -> dict:
+    "{preset: {task: (finished, expected)}} for every preset of `PRESET_ORDER`: each task's runs of `run_grid`."
+    status = {}
     for name in PRESET_ORDER:
         rows = run_grid(results_dir, load_runs(results_dir, name), name)
-        counts[name] = (sum(row["status"].startswith("finished") for row in rows), len(rows))
+        status[name] = {t: (sum(r["status"].startswith("finished") for r in rows if r["task"] == t),
+                            sum(r["task"] == t for r in rows)) for t in EXPECTED_MODELS}
+    return status
+
+
+def complete_tasks(status: dict, preset: str) -> list:
+    "The tasks whose expected grid at `preset` has finished, from `grid_status`."
+    return [t for t, (done, expected) in status.get(preset, {}).items() if expected and done == expected]
+
+
+def choose_preset(results_dir, preset: str = "auto") -> tuple[str, dict]:
+    """`(preset, counts)`: `preset` itself, or for "auto" the largest preset of `PRESET_ORDER` in which the grid of at
+    least one task is complete, else the one with the most finished runs (ties: the larger); `counts` {name:
+    (finished, expected)} over all tasks."""
+    status = grid_status(results_dir)
+    counts = {name: tuple(map(sum, zip(*per_task.values()))) for name, per_task in status.items()}
     if preset == "auto":
-        complete = [name for name in PRESET_ORDER if counts[name][0] == counts[name][1]]
+        complete = [name for name in PRESET_ORDER if complete_tasks(status, name)]
         preset = complete[0] if complete else max(PRESET_ORDER, key=lambda name: counts[name][0])
     return preset, counts
 
 
-def results_summary(results_dir, preset: str) -> dict:
-    """Everything the chapter's opening summary states, for `preset`: `preset`, `baselines` {task: (name, test acc)},
-    `learned` {(task, model): `learned_the_task`}, `rows` (one per comparison: task, models, `compared`, `rule`,
-    `counted`, `pooled`, `margin`), `n_test` {task: test examples}."""
+def task_scales(results_dir, preset: str = "auto") -> dict:
+    """{task: preset}, the scale at which the summary shows each task: `preset` for every task when it is given;
+    for "auto", the preset of `choose_preset` for the tasks whose grid is complete there, and for every other task
+    the largest preset of `PRESET_ORDER` where its grid is complete (the chosen one when there is none)."""
+    if preset != "auto":
+        return {t: preset for t in EXPECTED_MODELS}
+    shown, status = choose_preset(results_dir, preset)[0], grid_status(results_dir)
+    return {t: shown if t in complete_tasks(status, shown) else
+            next((name for name in PRESET_ORDER if t in complete_tasks(status, name)), shown) for t in EXPECTED_MODELS}
+
+
+def results_summary(results_dir, preset: str,
+                    tasks=None) -> dict:  # the tasks to summarise (None: every task of `EXPECTED_MODELS`)
+    """Everything the chapter's opening summary states, for `preset`: `preset`, `tasks`, `baselines` {task: (name,
+    test acc)}, `learned` {(task, model): `learned_the_task`}, `rows` (one per comparison: task, models, `compared`,
+    `rule`, `counted`, `pooled`, `margin`, `n_test`). Raises `KeyError` naming an unknown task."""
     from hkt_nb.lra.baselines import load_baselines
 
-    runs, baselines = load_runs(results_dir, preset), load_baselines(results_dir, preset)
-    learned = {(t, m): learned_the_task(runs, baselines, t, m, preset) for t, ms in EXPECTED_MODELS.items() for m in ms}
+    tasks = list(EXPECTED_MODELS) if tasks is None else list(tasks)
+    unknown = [t for t in tasks if t not in EXPECTED_MODELS]
+    if unknown:
+        raise KeyError(f"unknown tasks {unknown}; expected some of {list(EXPECTED_MODELS)}")
+    runs = load_runs(results_dir, preset)
+    baselines = {t: b for t, b in load_baselines(results_dir, preset).items() if t in tasks}
+    learned = {(t, m): learned_the_task(runs, baselines, t, m, preset) for t in tasks for m in EXPECTED_MODELS[t]}
     rows = []
-    for task, pairs in PAIRS.items():
+    for task in tasks:
+        pairs = PAIRS[task]
         for a, b in pairs:
             cs = [compare_on_seed(results_dir, runs, task, (a, b), preset, s) for s in SEEDS]
             rule = verdict(cs)
@@ -505,7 +538,7 @@ def results_summary(results_dir, preset: str) -> dict:
                          "rule": rule, "counted": counted_verdict(rule, learned[(task, a)], learned[(task, b)], (a, b)),
                          "pooled": pooled_comparison(results_dir, runs, task, (a, b), preset),
                          "margin": verdict_margin(cs), "n_test": next((c["n"] for c in cs if c), None)})
-    return {"preset": preset, "rows": rows, "learned": learned,
+    return {"preset": preset, "tasks": tasks, "rows": rows, "learned": learned,
             "baselines": {t: (b["strongest"], b["baselines"][b["strongest"]]["test_acc"]) for t, b in baselines.items()}}
 
 
@@ -513,7 +546,9 @@ def summary_markdown(summary: dict) -> str:
     "The opening summary of the results chapter in words, from `results_summary` (every number computed there)."
     preset, rows = summary["preset"], summary["rows"]
     sizes = sorted({r["n_test"] for r in rows if r["n_test"]})
-    lines = [f"**At preset `{preset}`** (the scale this page shows, scored on {' or '.join(f'{n:,}' for n in sizes) or 'no'} "
+    tasks = summary.get("tasks", list(EXPECTED_MODELS))
+    which = "" if len(tasks) == len(EXPECTED_MODELS) else f", on {', '.join(tasks)}"
+    lines = [f"**At preset `{preset}`**{which} (scored on {' or '.join(f'{n:,}' for n in sizes) or 'no'} "
              "test examples per task; it says nothing about the paper's scale):"]
     for task in dict.fromkeys(r["task"] for r in rows):
         if task not in summary["baselines"]:
@@ -557,32 +592,57 @@ def summary_markdown(summary: dict) -> str:
 
 def established_sentences(results_dir=None,  # default: `default_results_dir()` (chapter 5)
                           preset: str = "auto") -> str:  # a preset, or "auto" (`choose_preset`: the page's rule)
-    """Two sentences, without numbers, on what the runs of `preset` and their trivial baselines establish and what
-    they do not (the book's first page): from `results_summary`."""
+    """Two sentences, without numbers, on what the runs and their trivial baselines establish and what they do not
+    (the book's first page): from `results_summary` of each task at its scale (`task_scales`)."""
     from hkt_nb.lra.workspace import default_results_dir
 
     results_dir = default_results_dir() if results_dir is None else results_dir
-    preset = choose_preset(results_dir, preset)[0]
-    summary = results_summary(results_dir, preset)
-    rows = summary["rows"]
-    if not any(r["n_test"] for r in rows):
-        return (f"No `{preset}` runs are on disk here, so nothing about accuracy is established on this page; the "
+    scales = task_scales(results_dir, preset)
+    summaries = [results_summary(results_dir, name, [t for t in scales if scales[t] == name])
+                 for name in dict.fromkeys(sorted(scales.values(), key=_preset_rank))]
+    if not any(r["n_test"] for s in summaries for r in s["rows"]):
+        return (f"No `{summaries[0]['preset']}` runs are on disk here, so nothing about accuracy is established on "
+                "this page; the layer, its cost and the theory chapters' properties are proved or measured where they "
+                "are stated.")
+    found, missing = [], []
+    for s in summaries:
+        tasks = [t for t in s["tasks"] if any(st["accuracies"] for (task, _), st in s["learned"].items()
+                                              if task == t)]  # the tasks with finished runs
+        if len(tasks) < len(s["tasks"]):
+            missing.append(f"at the `{s['preset']}` scale on {', '.join(t for t in s['tasks'] if t not in tasks)} "
+                           "(not run yet)")
+        unchecked = [t for t in tasks if t not in s["baselines"]]
+        if unchecked:
+            missing.append(f"at the `{s['preset']}` scale on {', '.join(unchecked)}, whose trivial baselines are not "
+                           "computed, so whether its models learned the task is not checked")
+        tasks = [t for t in tasks if t not in unchecked]
+        if not tasks:
+            continue
+        learned = [t for t in tasks if all(st["learned"] for (task, _), st in s["learned"].items() if task == t)]
+        decided = [r for r in s["rows"] if not r["counted"].startswith(("inconclusive", "excluded"))]
+        found.append(f"at the small `{s['preset']}` scale on {', '.join(tasks)}, "
+                     + ("; ".join(r["counted"] + (f" on {r['task']}" if len(tasks) > 1 else "") for r in decided)
+                        if decided else "no comparison between the models is decided")
+                     + (", with every model beating the trivial baselines" if len(learned) == len(tasks) else
+                        f", with every model beating the trivial baselines on {', '.join(learned)} only" if learned else
+                        ", because on " + ("every one of these tasks" if len(tasks) > 1 else "it") + " at least one "
+                        "model does not beat a trivial baseline (the majority label, one token, or a linear model on "
+                        "pixels or bytes)"))
+        if len(learned) < len(tasks):
+            missing.append(f"at the `{s['preset']}` scale on {', '.join(t for t in tasks if t not in learned)}, where "
+                           "not every model has learned more than those baselines")
+    if not found:
+        return (f"No finished runs are on disk here, so nothing about accuracy is established on this page; the "
                 "layer, its cost and the theory chapters' properties are proved or measured where they are stated.")
-    tasks = list(dict.fromkeys(r["task"] for r in rows))
-    learned = [t for t in tasks if all(s["learned"] for (task, _), s in summary["learned"].items() if task == t)]
-    decided = [r for r in rows if not r["counted"].startswith(("inconclusive", "excluded"))]
-    first = (f"Established: the layer is implemented and tested as the book derives it, and at the small `{preset}` scale "
-             + ("; ".join(f"{r['counted']} on {r['task']}" for r in decided) if decided else
-                "no comparison between the models is decided")
-             + (f", with every model beating the trivial baselines on {', '.join(learned)} only." if learned and len(learned) < len(tasks)
-                else ", with every model beating the trivial baselines on every task." if learned else
-                ", because on every task at least one model does not beat a trivial baseline (the majority label, one "
-                "token, or a linear model on pixels or bytes)."))
+    first = "Established: the layer is implemented and tested as the book derives it; " + "; ".join(found) + "."
     second = ("Not established: whether HKT beats standard attention at the paper's scale, which needs a GPU and has "
-              "not been run" + ("" if len(learned) == len(tasks) else
-                                f", nor at the `{preset}` scale on {', '.join(t for t in tasks if t not in learned)}, where "
-                                "not every model has yet learned more than those baselines") + ".")
+              "not been run" + "".join(f"; nor {m}" for m in missing) + ".")
     return first + " " + second
+
+
+def _preset_rank(name: str) -> int:
+    "Position of `name` in `PRESET_ORDER` (largest first); presets outside it after those in it."
+    return PRESET_ORDER.index(name) if name in PRESET_ORDER else len(PRESET_ORDER)
 
 # %% ../../nbs/09_results.ipynb #cbeb6149
 def run_grid(results_dir,  # folder holding the run records
