@@ -94,8 +94,8 @@ clean:
 
 ## results: regenerate the results chapter from results/ alone (no training, no data) into
 ## _build/results/09_results.ipynb; the HTML book is not changed (`make book` executes nbs/09_results.ipynb
-## itself, also from results/). RESULTS_PRESET=auto|smoke|cpu|cpu_small|paper (auto: the largest preset whose expected
-## grid is complete, else the preset with the most finished runs)
+## itself, also from results/). RESULTS_PRESET=auto|smoke|cpu|cpu_small|paper (auto: the largest preset in which one task's
+## grid is complete, else the preset with the most finished runs; each task summarised at its largest complete preset)
 RESULTS_PRESET ?= auto
 .PHONY: results
 results: install

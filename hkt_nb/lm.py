@@ -40,7 +40,7 @@ __all__ = ['RECORD_VERSION', 'LM_MODELS', 'LM_SEEDS', 'LM_PRESETS', 'NGRAM_ORDER
            'lm_loss', 'sequence_bits_per_byte', 'LMTrainConfig', 'lr_at', 'train_lm', 'save_record', 'load_record',
            'RecomputeDecoder', 'generate', 'generation_ms_per_token', 'WindowKVCache', 'CachedDecoder',
            'default_decoder', 'LMPreset', 'match_lm_parameters', 'lm_model_config', 'lm_run_name',
-           'default_lm_results_dir', 'run_lm', 'compare_lm', 'ByteNGram', 'fit_byte_ngram',
+           'default_lm_results_dir', 'run_lm', 'load_lm_runs', 'compare_lm', 'ByteNGram', 'fit_byte_ngram',
            'interpolated_ngram_probability', 'ngram_window_counts', 'ngram_bits_per_byte', 'ngram_distribution',
            'fit_ngram_baselines', 'ngram_baselines', 'lm_learned_the_task', 'counted_lm_verdict']
 
@@ -752,16 +752,13 @@ def run_lm(
     p = LM_PRESETS[preset]
     seeds = p.seeds if seeds is None else tuple(seeds)
     results_dir = Path(results_dir) if results_dir is not None else default_lm_results_dir()
-    records = {}
+    records = {} if retrain else load_lm_runs(preset, results_dir, models, seeds)
     for model in models:
         cfg = lm_model_config(model, preset)
         for seed in seeds:
             path = results_dir / f"{lm_run_name(model, preset, seed)}.json"
-            if not retrain and path.is_file():
-                old = load_record(path)
-                if old.get("finished") and old.get("config") == cfg.to_dict() and old.get("train") == p.train.to_dict():
-                    records[model, seed] = old
-                    continue
+            if (model, seed) in records:
+                continue
             if data is None:
                 data = (imdb_bytes("train", max_bytes=p.train.train_bytes), imdb_bytes("test", max_bytes=p.train.eval_bytes))
             if log:
@@ -770,6 +767,33 @@ def run_lm(
             record.update(model=model, preset=preset, run=lm_run_name(model, preset, seed))
             save_record(record, path)
             records[model, seed] = record
+    return {(m, s): records[m, s] for m in models for s in seeds}
+
+
+def load_lm_runs(
+    preset: str = "cpu",  # a key of `LM_PRESETS`
+    results_dir=None,  # None: `default_lm_results_dir()`
+    models=tuple(LM_MODELS),  # keys of `LM_MODELS`
+    seeds=None,  # None: the preset's
+) -> dict:  # (model, seed) -> record, for the runs that have finished
+    """The finished runs of `preset` on disk, exactly those `run_lm` would reuse (a finished record with the model
+    and training settings the preset gives today); never trains. Missing, unfinished or stale runs are left out.
+    Raises `ValueError` naming a bad model or preset, or a record file that cannot be read."""
+    models = [check_choice("models", m, LM_MODELS) for m in models]
+    check_choice("preset", preset, LM_PRESETS)
+    p = LM_PRESETS[preset]
+    results_dir = Path(results_dir) if results_dir is not None else default_lm_results_dir()
+    records = {}
+    for model in models:
+        cfg = lm_model_config(model, preset)
+        for seed in p.seeds if seeds is None else tuple(seeds):
+            path = results_dir / f"{lm_run_name(model, preset, seed)}.json"
+            try:
+                old = load_record(path) if path.is_file() else {}
+            except ValueError as error:  # a damaged file: never read as a finished (or missing) run silently
+                raise ValueError(f"{path}: unreadable run record ({error}); delete it to train the run again") from None
+            if old.get("finished") and old.get("config") == cfg.to_dict() and old.get("train") == p.train.to_dict():
+                records[model, seed] = old
     return records
 
 # %% ../nbs/15_lm.ipynb #36cf3faa

@@ -711,3 +711,27 @@ def test_readme_drop_in_block_and_cached_generation():
             for _ in range(20):  # across blocks of every level (s^2 = 4)
                 expected = torch.cat([expected, full_logits(expected)[:, -1:].argmax(-1)], 1)
         assert torch.equal(cached_generate(blocks, embed, ln_f, head, prompt, 20), expected)
+
+
+def test_load_lm_runs_reads_finished_conforming_records_only(tmp_path):
+    "The chapter's `cpu` section reads the runs `run_lm` would reuse: finished, today's settings; a damaged file is named."
+    import json
+
+    from hkt_nb.lm import LM_PRESETS, lm_model_config, lm_run_name, load_lm_runs
+
+    train = LM_PRESETS["smoke"].train.to_dict()
+
+    def write(model, seed, **changes):
+        record = {"finished": True, "config": lm_model_config(model, "smoke").to_dict(), "train": train, **changes}
+        (tmp_path / f"{lm_run_name(model, 'smoke', seed)}.json").write_text(json.dumps(record))
+
+    write("mha", 0)
+    write("hkt_l3", 0, finished=False)  # still training (or interrupted)
+    write("hkt_l1", 0, train={**train, "steps": 41})  # a preset that has changed since
+    assert list(load_lm_runs("smoke", tmp_path)) == [("mha", 0)]
+    assert load_lm_runs("smoke", tmp_path, ["hkt_l3"]) == {}
+    (tmp_path / "lm-hkt_l2-smoke-seed0.json").write_text("{ cut short")
+    with pytest.raises(ValueError, match="lm-hkt_l2-smoke-seed0.json: unreadable run record"):
+        load_lm_runs("smoke", tmp_path)
+    with pytest.raises(ValueError, match="preset"):
+        load_lm_runs("huge", tmp_path)
