@@ -521,3 +521,21 @@ def test_each_task_is_summarised_at_the_largest_preset_where_its_grid_is_complet
         results_summary(tmp_path, "cpu", ["lisptops"])
     (tmp_path / "baselines" / "listops-cpu.json").unlink()
     assert "nor at the `cpu` scale on listops, whose trivial baselines are not computed" in established_sentences(tmp_path)
+
+
+def test_readme_states_what_the_records_establish():
+    "The README's two sentences are `established_sentences` of the committed results/ (rerun the script when stale)."
+    import subprocess
+    import sys
+
+    script = RESULTS.parent / "scripts" / "update_readme_results.py"
+    out = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    sys.path.insert(0, str(script.parent))
+    try:
+        from update_readme_results import readme_sentences
+    finally:
+        sys.path.remove(str(script.parent))
+    assert readme_sentences((RESULTS.parent / "README.md").read_text()).startswith("Established: ")
+    with pytest.raises(ValueError, match="no block"):
+        readme_sentences("# a README without the markers\n")
