@@ -512,15 +512,15 @@ def test_each_task_is_summarised_at_the_largest_preset_where_its_grid_is_complet
     assert counted[("hkt", "mha")] == "hkt better than mha"  # 200 of 1,000 examples only hkt gets right, each seed
     assert summary_markdown(listops).startswith("**At preset `cpu`**, on listops (scored on 1,000 test examples")
     text = established_sentences(tmp_path)
-    assert "at the small `cpu` scale on listops, hkt better than mha" in text
-    assert "at the small `cpu_small` scale on scifar10, imdb, no comparison between the models is decided" in text
-    assert "nor at the `cpu_small` scale on scifar10, imdb, where not every model has learned" in text
+    assert "at the small `cpu` scale on ListOps, hkt better than mha" in text
+    assert "at the small `cpu_small` scale on sequential CIFAR-10 and IMDB characters, no comparison between the models is decided" in text
+    assert "nor at the `cpu_small` scale on sequential CIFAR-10 and IMDB characters, where not every model has learned" in text
     explicit = established_sentences(tmp_path, "cpu")
-    assert "nor at the `cpu` scale on scifar10, imdb (not run yet)" in explicit
+    assert "nor at the `cpu` scale on sequential CIFAR-10 and IMDB characters (not run yet)" in explicit
     with pytest.raises(KeyError, match="unknown tasks"):
         results_summary(tmp_path, "cpu", ["lisptops"])
     (tmp_path / "baselines" / "listops-cpu.json").unlink()
-    assert "nor at the `cpu` scale on listops, whose trivial baselines are not computed" in established_sentences(tmp_path)
+    assert "nor at the `cpu` scale on ListOps, whose trivial baselines are not computed" in established_sentences(tmp_path)
 
 
 def test_readme_states_what_the_records_establish():

@@ -594,7 +594,12 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
                           preset: str = "auto") -> str:  # a preset, or "auto" (`choose_preset`: the page's rule)
     """Two sentences, without numbers, on what the runs and their trivial baselines establish and what they do not
     (the book's first page): from `results_summary` of each task at its scale (`task_scales`)."""
+    from hkt_nb.lra.tasks import get_task
     from hkt_nb.lra.workspace import default_results_dir
+
+    def named(tasks):  # the tasks as the text names them: "A", "A and B", "A, B and C"
+        names = [get_task(t).title or t for t in tasks]
+        return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
 
     results_dir = default_results_dir() if results_dir is None else results_dir
     scales = task_scales(results_dir, preset)
@@ -609,27 +614,27 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
         tasks = [t for t in s["tasks"] if any(st["accuracies"] for (task, _), st in s["learned"].items()
                                               if task == t)]  # the tasks with finished runs
         if len(tasks) < len(s["tasks"]):
-            missing.append(f"at the `{s['preset']}` scale on {', '.join(t for t in s['tasks'] if t not in tasks)} "
+            missing.append(f"at the `{s['preset']}` scale on {named(t for t in s['tasks'] if t not in tasks)} "
                            "(not run yet)")
         unchecked = [t for t in tasks if t not in s["baselines"]]
         if unchecked:
-            missing.append(f"at the `{s['preset']}` scale on {', '.join(unchecked)}, whose trivial baselines are not "
+            missing.append(f"at the `{s['preset']}` scale on {named(unchecked)}, whose trivial baselines are not "
                            "computed, so whether its models learned the task is not checked")
         tasks = [t for t in tasks if t not in unchecked]
         if not tasks:
             continue
         learned = [t for t in tasks if all(st["learned"] for (task, _), st in s["learned"].items() if task == t)]
         decided = [r for r in s["rows"] if not r["counted"].startswith(("inconclusive", "excluded"))]
-        found.append(f"at the small `{s['preset']}` scale on {', '.join(tasks)}, "
-                     + ("; ".join(r["counted"] + (f" on {r['task']}" if len(tasks) > 1 else "") for r in decided)
+        found.append(f"at the small `{s['preset']}` scale on {named(tasks)}, "
+                     + ("; ".join(r["counted"] + (f" on {named([r['task']])}" if len(tasks) > 1 else "") for r in decided)
                         if decided else "no comparison between the models is decided")
                      + (", with every model beating the trivial baselines" if len(learned) == len(tasks) else
-                        f", with every model beating the trivial baselines on {', '.join(learned)} only" if learned else
+                        f", with every model beating the trivial baselines on {named(learned)} only" if learned else
                         ", because on " + ("every one of these tasks" if len(tasks) > 1 else "it") + " at least one "
                         "model does not beat a trivial baseline (the majority label, one token, or a linear model on "
                         "pixels or bytes)"))
         if len(learned) < len(tasks):
-            missing.append(f"at the `{s['preset']}` scale on {', '.join(t for t in tasks if t not in learned)}, where "
+            missing.append(f"at the `{s['preset']}` scale on {named(t for t in tasks if t not in learned)}, where "
                            "not every model has learned more than those baselines")
     if not found:
         return (f"No finished runs are on disk here, so nothing about accuracy is established on this page; the "
