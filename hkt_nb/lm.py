@@ -35,11 +35,11 @@ from .decoding import CACHES, KVCache
 
 # %% auto #0
 __all__ = ['RECORD_VERSION', 'LM_MODELS', 'LM_SEEDS', 'LM_PRESETS', 'NGRAM_ORDERS', 'NGRAM_ALPHAS', 'MAX_NGRAM_ORDER',
-           'NGRAM_RECORD_VERSION', 'window_mask', 'WindowParams', 'SlidingWindowAttention', 'LMConfig', 'ByteLM',
-           'configure_optimizer', 'count_lm_parameters', 'imdb_bytes', 'as_tensor', 'random_batch', 'eval_windows',
-           'lm_loss', 'sequence_bits_per_byte', 'LMTrainConfig', 'lr_at', 'train_lm', 'save_record', 'load_record',
-           'RecomputeDecoder', 'generate', 'generation_ms_per_token', 'WindowKVCache', 'CachedDecoder',
-           'default_decoder', 'LMPreset', 'match_lm_parameters', 'lm_model_config', 'lm_run_name',
+           'NGRAM_RECORD_VERSION', 'LM_VERDICT_RULES', 'window_mask', 'WindowParams', 'SlidingWindowAttention',
+           'LMConfig', 'ByteLM', 'configure_optimizer', 'count_lm_parameters', 'imdb_bytes', 'as_tensor',
+           'random_batch', 'eval_windows', 'lm_loss', 'sequence_bits_per_byte', 'LMTrainConfig', 'lr_at', 'train_lm',
+           'save_record', 'load_record', 'RecomputeDecoder', 'generate', 'generation_ms_per_token', 'WindowKVCache',
+           'CachedDecoder', 'default_decoder', 'LMPreset', 'match_lm_parameters', 'lm_model_config', 'lm_run_name',
            'default_lm_results_dir', 'run_lm', 'load_lm_runs', 'compare_lm', 'ByteNGram', 'fit_byte_ngram',
            'interpolated_ngram_probability', 'ngram_window_counts', 'ngram_bits_per_byte', 'ngram_distribution',
            'fit_ngram_baselines', 'ngram_baselines', 'lm_learned_the_task', 'counted_lm_verdict']
@@ -817,7 +817,7 @@ def compare_lm(
             "p_value": float(p_value), "low": float(low), "high": float(high), "n": int(n)}
 
 # %% ../nbs/15_lm.ipynb #a5b1c002
-NGRAM_ORDERS = (1, 2, 3, 4)  # the orders of the chapter's baselines (1: unigram)
+NGRAM_ORDERS = (1, 2, 3, 4, 5, 6, 7)  # the orders of the chapter's baselines: 1 (unigram) to MAX_NGRAM_ORDER
 NGRAM_ALPHAS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)  # the grid alpha is chosen from
 MAX_NGRAM_ORDER = 7  # an n-gram's code, 8 bits per byte, must fit an int64
 
@@ -980,7 +980,7 @@ def ngram_distribution(
     return interpolated_ngram_probability(joint[:, :, -1], counts[:, :, -1], alpha)
 
 # %% ../nbs/15_lm.ipynb #a5b1c008
-NGRAM_RECORD_VERSION = 1  # bump when a baseline record's fields change meaning
+NGRAM_RECORD_VERSION = 2  # bump when a baseline record's fields change meaning (2: orders to 7, strongest by validation)
 
 
 def _sha256(x: np.ndarray) -> str:
@@ -1081,7 +1081,7 @@ def ngram_baselines(
               "data": {"train_bytes": len(texts[0]), "train_sha256": _sha256(texts[0]),
                        "held_out_bytes": len(texts[1]), "held_out_sha256": _sha256(texts[1]),
                        "validation_bytes": _validation_bytes(len(texts[0]), p.model.max_len, val_fraction)},
-              "baselines": baselines, "strongest": min(baselines, key=lambda k: baselines[k]["val_bpb"]),
+              "baselines": baselines, "strongest": min(baselines, key=lambda k: baselines[k]["validation_bpb"]),
               "wall_s": time.perf_counter() - started,
               "environment": {"numpy": np.__version__, "threads": torch.get_num_threads()}, "finished": True}
     save_record(record, path)
@@ -1101,6 +1101,15 @@ def lm_learned_the_task(
     below = [s for s, c in per_seed.items() if not c["low"] > 0]
     return {"learned": (not below) if per_seed else None, "baseline": baseline["model"], "bar": baseline["val_bpb"],
             "per_seed": per_seed, "below": below}
+
+
+LM_VERDICT_RULES = """\
+1. A comparison of model A with model B uses the seeds on which both runs finished; it needs every seed of the preset (3), otherwise it is 'inconclusive (k of 3 seeds)'.
+2. On each seed, the per-window held-out bits per byte of A and B, on the same windows, are compared by two paired tests (`compare_lm`): a two-sided z-test of the mean per-window difference (p < 0.05) and the paired bootstrap 95 % interval of bpb(B) - bpb(A).
+3. 'A better than B' only if on EVERY seed the difference bpb(B) - bpb(A) is positive, p < 0.05 and the interval lies above zero; symmetrically for 'B better than A'.
+4. Anything else is 'inconclusive'. 'No difference' is never a verdict: failing to detect a difference does not establish equality.
+5. A comparison counts only when both models have learned the task: on every finished seed the paired bootstrap 95 % interval of bpb(baseline) - bpb(model) lies above zero, the baseline being the strongest byte n-gram model (order and alpha chosen on the validation slice). Otherwise its outcome under rules 1-4 is shown but the verdict is 'excluded'.
+This chapter has no test that pools the seeds."""
 
 
 def counted_lm_verdict(

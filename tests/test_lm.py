@@ -592,6 +592,8 @@ def test_baselines_choose_alpha_on_the_end_of_the_training_text_and_reuse_the_re
     assert entry["validation_bpb"] == min(entry["validation_bpb_by_alpha"].values())
     assert abs(entry["val_bpb"] - 2.0) < 0.02  # four equiprobable letters: 2 bits each
     assert record["strongest"] in ("ngram1", "ngram2")
+    # the order is chosen on the validation slice, never on the held-out windows
+    assert record["strongest"] == min(record["baselines"], key=lambda k: record["baselines"][k]["validation_bpb"])
     again = ngram_baselines("smoke", tmp_path, data=(train, held_out), orders=(1, 2), alphas=(0.1, 10.0), log=None)
     assert again == record  # loaded, not refit (the fit times would differ)
     other = ngram_baselines("smoke", tmp_path, data=(held_out * 5, held_out), orders=(1, 2), alphas=(0.1, 10.0), log=None)
@@ -735,3 +737,27 @@ def test_load_lm_runs_reads_finished_conforming_records_only(tmp_path):
         load_lm_runs("smoke", tmp_path)
     with pytest.raises(ValueError, match="preset"):
         load_lm_runs("huge", tmp_path)
+
+
+def test_the_baselines_fit_every_order_the_codes_allow_and_the_rules_are_the_chapters():
+    "The n-gram bar is the best of orders 1..MAX_NGRAM_ORDER (a reviewer found order 4 far below orders 5-7)."
+    from hkt_nb.lm import LM_VERDICT_RULES, MAX_NGRAM_ORDER, NGRAM_ORDERS
+
+    assert NGRAM_ORDERS == tuple(range(1, MAX_NGRAM_ORDER + 1)) and 256 ** MAX_NGRAM_ORDER < 2 ** 63
+    assert [line[:2] for line in LM_VERDICT_RULES.splitlines()[:5]] == ["1.", "2.", "3.", "4.", "5."]
+    assert "chosen on the validation slice" in LM_VERDICT_RULES and "McNemar" not in LM_VERDICT_RULES
+
+
+def test_committed_cpu_baselines_are_the_presets_and_chosen_on_validation():
+    "results/lm/baselines-cpu.json has today's settings (all orders) and its strongest order is the validation choice."
+    import json
+    from pathlib import Path
+
+    from hkt_nb.lm import NGRAM_ORDERS, NGRAM_RECORD_VERSION
+
+    path = Path(__file__).resolve().parents[1] / "results" / "lm" / "baselines-cpu.json"
+    if not path.is_file():
+        pytest.skip("no committed cpu baselines")
+    record = json.loads(path.read_text())
+    assert record["settings"]["version"] == NGRAM_RECORD_VERSION and record["settings"]["orders"] == list(NGRAM_ORDERS)
+    assert record["strongest"] == min(record["baselines"], key=lambda k: record["baselines"][k]["validation_bpb"])
