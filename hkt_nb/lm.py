@@ -35,14 +35,15 @@ from .decoding import CACHES, KVCache
 
 # %% auto #0
 __all__ = ['RECORD_VERSION', 'LM_MODELS', 'LM_SEEDS', 'LM_PRESETS', 'NGRAM_ORDERS', 'NGRAM_ALPHAS', 'MAX_NGRAM_ORDER',
-           'NGRAM_RECORD_VERSION', 'LM_VERDICT_RULES', 'window_mask', 'WindowParams', 'SlidingWindowAttention',
-           'LMConfig', 'ByteLM', 'configure_optimizer', 'count_lm_parameters', 'imdb_bytes', 'as_tensor',
-           'random_batch', 'eval_windows', 'lm_loss', 'sequence_bits_per_byte', 'LMTrainConfig', 'lr_at', 'train_lm',
-           'save_record', 'load_record', 'RecomputeDecoder', 'generate', 'generation_ms_per_token', 'WindowKVCache',
-           'CachedDecoder', 'default_decoder', 'LMPreset', 'match_lm_parameters', 'lm_model_config', 'lm_run_name',
-           'default_lm_results_dir', 'run_lm', 'load_lm_runs', 'compare_lm', 'ByteNGram', 'fit_byte_ngram',
-           'interpolated_ngram_probability', 'ngram_window_counts', 'ngram_bits_per_byte', 'ngram_distribution',
-           'fit_ngram_baselines', 'ngram_baselines', 'lm_learned_the_task', 'counted_lm_verdict']
+           'NGRAM_RECORD_VERSION', 'LM_VERDICT_RULES', 'LM_PAIRS', 'window_mask', 'WindowParams',
+           'SlidingWindowAttention', 'LMConfig', 'ByteLM', 'configure_optimizer', 'count_lm_parameters', 'imdb_bytes',
+           'as_tensor', 'random_batch', 'eval_windows', 'lm_loss', 'sequence_bits_per_byte', 'LMTrainConfig', 'lr_at',
+           'train_lm', 'save_record', 'load_record', 'RecomputeDecoder', 'generate', 'generation_ms_per_token',
+           'WindowKVCache', 'CachedDecoder', 'default_decoder', 'LMPreset', 'match_lm_parameters', 'lm_model_config',
+           'lm_run_name', 'default_lm_results_dir', 'run_lm', 'load_lm_runs', 'compare_lm', 'ByteNGram',
+           'fit_byte_ngram', 'interpolated_ngram_probability', 'ngram_window_counts', 'ngram_bits_per_byte',
+           'ngram_distribution', 'fit_ngram_baselines', 'ngram_baselines', 'lm_learned_the_task', 'counted_lm_verdict',
+           'lm_comparisons', 'lm_established_sentence']
 
 # %% ../nbs/15_lm.ipynb #36cf79dc
 def window_mask(
@@ -1123,3 +1124,60 @@ def counted_lm_verdict(
         return rule_verdict
     return (f"excluded ({' and '.join(failed)} {'has' if len(failed) == 1 else 'have'} not learned the task: not "
             f"below the strongest n-gram baseline, {learned_a['baseline']}, on every seed)")
+
+# %% ../nbs/15_lm.ipynb #4b590ea4
+LM_PAIRS = (("hkt_l3", "mha"), ("hkt_l1", "mha"), ("hkt_l3", "hkt_l1"), ("hkt_l2", "hkt_l1"), ("hkt_l3", "mha_window"))
+
+
+def lm_comparisons(
+    records: dict,  # (model, seed) -> record (`run_lm`, `load_lm_runs`)
+    baseline: dict,  # the strongest entry of the n-gram baselines' record, scored on the same windows
+    pairs=LM_PAIRS,  # the (A, B) questions; those whose two models both have runs are answered
+) -> tuple[dict, list]:  # ({model: `lm_learned_the_task`}, [{A, B, difference, seeds, rule, verdict}])
+    """The learned-the-task status of every model with runs, and per pair the mean over the shared seeds of
+    bpb(B) - bpb(A) (positive: A better), the number of shared seeds, the outcome of rules 1-4 (the results
+    chapter's `verdict`) and the counted verdict (`counted_lm_verdict`). See `LM_VERDICT_RULES`."""
+    from hkt_nb.lra.results import verdict  # the results chapter's rules 1-4 (imported when used)
+
+    runs = {}
+    for (model, seed), record in sorted(records.items()):
+        runs.setdefault(model, {})[seed] = record
+    learned = {m: lm_learned_the_task(rs, baseline) for m, rs in runs.items()}
+    rows = []
+    for a, b in pairs:
+        if a in runs and b in runs:
+            per_seed = [compare_lm(runs[a][s], runs[b][s]) for s in sorted(set(runs[a]) & set(runs[b]))]
+            rule = verdict(per_seed)
+            rows.append({"A": a, "B": b, "difference": float(np.mean([c["difference"] for c in per_seed])),
+                         "seeds": len(per_seed), "rule": rule,
+                         "verdict": counted_lm_verdict(rule, learned[a], learned[b], (a, b))})
+    return learned, rows
+
+
+def lm_established_sentence(
+    preset: str = "cpu",  # a key of `LM_PRESETS`
+    results_dir=None,  # None: `default_lm_results_dir()`
+) -> str:
+    """One sentence, without numbers, on what the language-model runs of `preset` establish, from their records and
+    the n-gram baselines' record (`lm_comparisons`; nothing is trained or fit here)."""
+    check_choice("preset", preset, LM_PRESETS)
+    results_dir = Path(results_dir) if results_dir is not None else default_lm_results_dir()
+    records = load_lm_runs(preset, results_dir)
+    path = results_dir / f"baselines-{preset}.json"
+    head = f"Language modelling (chapter *Language modelling*, `{preset}` preset): "
+    if not records:
+        return head + "no runs are on disk here, so nothing about the attention layers is established."
+    if not path.is_file():
+        return head + "its byte n-gram baselines are not on disk, so whether the models learned the task is not checked."
+    saved = load_record(path)
+    learned, rows = lm_comparisons(records, saved["baselines"][saved["strongest"]])
+    expected = len(LM_MODELS) * len(LM_PRESETS[preset].seeds)
+    progress = "" if len(records) == expected else " (its grid is still being trained)"
+    failed = [m for m, st in learned.items() if st["learned"] is False]
+    decided = [r for r in rows if not r["verdict"].startswith(("inconclusive", "excluded"))]
+    if len(failed) == len(learned):
+        return (head + f"no model beats the strongest byte n-gram count model on the same held-out text{progress}, so "
+                "no comparison between the attention layers is counted there.")
+    return (head + ("; ".join(r["verdict"] for r in decided) if decided else "no comparison is decided") + progress
+            + (f", and {', '.join(failed)} {'does' if len(failed) == 1 else 'do'} not beat the strongest byte n-gram "
+               "count model" if failed else "") + ".")

@@ -3,8 +3,9 @@
     python scripts/update_readme_results.py          # rewrite the block between the markers
     python scripts/update_readme_results.py --check  # exit 1 when the README's block differs (tests run this check)
 
-The sentences are `hkt_nb.lra.results.established_sentences(results/)`, the same function the book's first page
-calls; run this after committing new run records or baselines.
+The sentences are `hkt_nb.lra.results.established_sentences(results/)` and
+`hkt_nb.lm.lm_established_sentence(results_dir=results/lm)`, the functions the book's first page calls; run this
+after committing new run records or baselines.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def readme_sentences(readme: str) -> str:
 
 
 def main() -> int:
+    from hkt_nb.lm import lm_established_sentence
     from hkt_nb.lra.results import established_sentences
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -38,7 +40,8 @@ def main() -> int:
     a = p.parse_args()
     path = ROOT / "README.md"
     readme = path.read_text()
-    current, wanted = readme_sentences(readme), established_sentences(ROOT / "results")
+    wanted = established_sentences(ROOT / "results") + "\n\n" + lm_established_sentence(results_dir=ROOT / "results" / "lm")
+    current = readme_sentences(readme)
     if a.check:
         if current != wanted:
             print(f"README.md is stale; run python scripts/update_readme_results.py\nit says:\n{current}\n"

@@ -761,3 +761,28 @@ def test_committed_cpu_baselines_are_the_presets_and_chosen_on_validation():
     record = json.loads(path.read_text())
     assert record["settings"]["version"] == NGRAM_RECORD_VERSION and record["settings"]["orders"] == list(NGRAM_ORDERS)
     assert record["strongest"] == min(record["baselines"], key=lambda k: record["baselines"][k]["validation_bpb"])
+
+
+def test_lm_established_sentence_follows_the_records(tmp_path):
+    "The first page's language-model sentence: no runs, no baselines, no model past counting, a decided comparison."
+    import json
+
+    from hkt_nb.lm import LM_PRESETS, lm_established_sentence, lm_model_config, lm_run_name
+
+    assert "no runs are on disk" in lm_established_sentence("smoke", tmp_path)
+    train = LM_PRESETS["smoke"].train.to_dict()
+    for model, bpb in (("hkt_l3", 2.0), ("mha", 2.1)):
+        record = {"finished": True, "model": model, "config": lm_model_config(model, "smoke").to_dict(), "train": train,
+                  "sequence_bpb": [bpb] * 4 + [bpb + 0.1, bpb + 0.2]}
+        (tmp_path / f"{lm_run_name(model, 'smoke', 0)}.json").write_text(json.dumps(record))
+    assert "baselines are not on disk" in lm_established_sentence("smoke", tmp_path)
+
+    def baseline(bpb):
+        entry = {"model": "ngram7", "val_bpb": bpb, "sequence_bpb": [bpb] * 6}
+        (tmp_path / "baselines-smoke.json").write_text(json.dumps({"baselines": {"ngram7": entry}, "strongest": "ngram7"}))
+
+    baseline(1.5)
+    assert "no model beats the strongest byte n-gram count model" in lm_established_sentence("smoke", tmp_path)
+    baseline(3.0)  # both models beat counting, but one seed decides nothing (the rules need 3)
+    assert lm_established_sentence("smoke", tmp_path).endswith(
+        "`smoke` preset): no comparison is decided (its grid is still being trained).")
