@@ -398,6 +398,7 @@ def test_verdict_margin_counts_single_example_changes():
     margin = verdict_margin([strong, strong, seed2])
     assert margin["margin"] == 1 and margin["survives_one_change"] is False
     assert verdict_margin([strong] * 3)["margin"] is None  # more than max_flips away
+    assert verdict_margin([strong] * 3)["survives_one_change"] is True and verdict_margin([strong])["max_flips"] == 5
     assert verdict_margin([None])["margin"] is None
 
 
@@ -512,8 +513,8 @@ def test_each_task_is_summarised_at_the_largest_preset_where_its_grid_is_complet
     assert counted[("hkt", "mha")] == "hkt better than mha"  # 200 of 1,000 examples only hkt gets right, each seed
     assert summary_markdown(listops).startswith("**At preset `cpu`**, on listops (scored on 1,000 test examples")
     text = established_sentences(tmp_path)
-    assert "at the small `cpu` scale on ListOps, hkt better than mha" in text
-    assert "at the small `cpu_small` scale on sequential CIFAR-10 and IMDB characters, no comparison between the models is decided" in text
+    assert "at the small `cpu` scale on ListOps, hkt better than mha (comparing the whole HKT package" in text
+    assert "at the small `cpu_small` scale on sequential CIFAR-10 and IMDB characters (whose `cpu` grid is not complete yet), no comparison between the models is decided" in text
     assert "nor at the `cpu_small` scale on sequential CIFAR-10 and IMDB characters, where not every model has learned" in text
     explicit = established_sentences(tmp_path, "cpu")
     assert "nor at the `cpu` scale on sequential CIFAR-10 and IMDB characters (not run yet)" in explicit

@@ -398,11 +398,12 @@ def verdict_margin(comparisons: list,  # per-seed dicts from `compare_on_seed` (
                    alpha: float = ALPHA,
                    max_flips: int = 5,
                    ) -> dict:
-    """How many single-example changes would alter `verdict(comparisons)`: `margin` (None: more than `max_flips`),
-    `per_seed` (changes per seed), `survives_one_change` (margin > 1, or None)."""
+    """How many single-example changes would alter `verdict(comparisons)`: `margin` (None: more than `max_flips`, or
+    no comparisons), `per_seed` (changes per seed), `survives_one_change` (margin > 1; True when more than
+    `max_flips` changes are needed; None without comparisons) and `max_flips`."""
     done = [c for c in comparisons if c is not None]
     if not done:
-        return {"margin": None, "per_seed": [], "survives_one_change": None}
+        return {"margin": None, "per_seed": [], "survives_one_change": None, "max_flips": max_flips}
     outcomes = [seed_outcome(c["only_a"], c["only_b"], c["n"], alpha, c.get("seed", 0)) for c in done]
     if len(set(outcomes)) == 1 and outcomes[0] != 0:  # decided: the seed nearest to losing its significance
         per_seed = [flips_to(c, None, alpha, max_flips) for c in done]
@@ -415,7 +416,8 @@ def verdict_margin(comparisons: list,  # per-seed dicts from `compare_on_seed` (
             per_direction.append((None if None in need else sum(need), need))
         reachable = [p for p in per_direction if p[0] is not None]
         margin, per_seed = min(reachable) if reachable else (None, per_direction[0][1])
-    return {"margin": margin, "per_seed": per_seed, "survives_one_change": None if margin is None else margin > 1}
+    return {"margin": margin, "per_seed": per_seed, "survives_one_change": True if margin is None else margin > 1,
+            "max_flips": max_flips}
 
 # %% ../../nbs/09_results.ipynb #fd55562a
 WHAT_IS_COMPARED = {  # what a comparison of two arms changes (chapter 3 and the ablation section below)
@@ -570,7 +572,8 @@ def summary_markdown(summary: dict) -> str:
         for r in decided:
             m = r["margin"]["margin"]
             lines.append(f"- {r['task']}, {r['models'][0]} vs {r['models'][1]} ({r['compared']}): **{r['counted']}**"
-                         + (f"; one verdict that {m} changed test example{'s' if m != 1 else ''} would overturn" if m is not None else ""))
+                         + (f"; one verdict that {m} changed test example{'s' if m != 1 else ''} would overturn" if m is not None
+                            else f"; no change of up to {r['margin']['max_flips']} test examples on a seed overturns it"))
     else:
         rest = len(rows) - len(excluded)
         lines.append(f"**No comparison is decided** at this preset: "
@@ -602,7 +605,7 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
         return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
 
     results_dir = default_results_dir() if results_dir is None else results_dir
-    scales = task_scales(results_dir, preset)
+    shown, scales = choose_preset(results_dir, preset)[0], task_scales(results_dir, preset)
     summaries = [results_summary(results_dir, name, [t for t in scales if scales[t] == name])
                  for name in dict.fromkeys(sorted(scales.values(), key=_preset_rank))]
     if not any(r["n_test"] for s in summaries for r in s["rows"]):
@@ -625,8 +628,10 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
             continue
         learned = [t for t in tasks if all(st["learned"] for (task, _), st in s["learned"].items() if task == t)]
         decided = [r for r in s["rows"] if not r["counted"].startswith(("inconclusive", "excluded"))]
-        found.append(f"at the small `{s['preset']}` scale on {named(tasks)}, "
-                     + ("; ".join(r["counted"] + (f" on {named([r['task']])}" if len(tasks) > 1 else "") for r in decided)
+        pending = f" (whose `{shown}` grid is not complete yet)" if s["preset"] != shown else ""
+        found.append(f"at the small `{s['preset']}` scale on {named(tasks)}{pending}, "
+                     + ("; ".join(r["counted"] + (f" on {named([r['task']])}" if len(tasks) > 1 else "")
+                                  + f" (comparing {r['compared']})" for r in decided)
                         if decided else "no comparison between the models is decided")
                      + (", with every model beating the trivial baselines" if len(learned) == len(tasks) else
                         f", with every model beating the trivial baselines on {named(learned)} only" if learned else
