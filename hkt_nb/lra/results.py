@@ -7,9 +7,9 @@ __all__ = ['EXPECTED_MODELS', 'PAIRS', 'PAPER_REPORTED', 'ALPHA', 'VERDICT_RULES
            'fetch_committed_results', 'run_name', 'load_runs', 'load_predictions', 'copy_finished_runs',
            'binomial_two_sided_p', 'mcnemar_exact', 'mcnemar_power', 'paired_bootstrap', 'pooled_paired_bootstrap',
            'correctness_correlation', 'standard_errors', 'compare_on_seed', 'seed_summary', 'verdict', 'seed_outcome',
-           'flips_to', 'verdict_margin', 'learned_the_task', 'counted_verdict', 'pooled_comparison', 'grid_status',
-           'complete_tasks', 'choose_preset', 'task_scales', 'results_summary', 'summary_markdown',
-           'established_sentences', 'run_grid']
+           'flips_to', 'verdict_margin', 'learned_the_task', 'counted_verdict', 'seeds_as_replicates',
+           'pooled_comparison', 'grid_status', 'complete_tasks', 'choose_preset', 'task_scales', 'results_summary',
+           'summary_markdown', 'established_sentences', 'run_grid']
 
 # %% ../../nbs/09_results.ipynb #87d7b9c2
 import math
@@ -425,7 +425,7 @@ WHAT_IS_COMPARED = {  # what a comparison of two arms changes (chapter 3 and the
     ("hkt", "hkt_l1"): "the coarse levels, with the MLP width and query scale that come with them",
     ("hkt", "hkt_l2"): "the third level, with the MLP width and query scale that come with it",
     ("hkt_l2", "hkt_l1"): "the second level, with the MLP width and query scale that come with it",
-    ("hkt_l1", "mha"): "the convolution branch (both attend at one resolution), with the MLP width",
+    ("hkt_l1", "mha"): "the convolution branch (both attend at one resolution; their MLP widths nearly equal)",
 }
 
 
@@ -462,6 +462,23 @@ def counted_verdict(rule_verdict: str,  # `verdict(...)` of the comparison
     return rule_verdict
 
 # %% ../../nbs/09_results.ipynb #afd3936f
+def seeds_as_replicates(comparisons: list) -> dict:
+    """The seeds as replicates of the architecture comparison: `n` seeds with a comparison, `mean` and the two-sided
+    one-sample t-test `p_value` of the per-seed differences acc(A) - acc(B) (None below 2 seeds, without spread,
+    or without scipy), and `sign_floor`, the smallest two-sided p-value a sign test can reach with n seeds, 2 (1/2)^n. These
+    include the luck of training, which the per-seed paired tests do not; with 3 seeds they have little power."""
+    diffs = [c["difference"] for c in comparisons if c is not None]
+    n, p_value = len(diffs), None
+    if n >= 2 and np.std(diffs) > 1e-12:  # identical differences: no spread to test against
+        try:
+            from scipy import stats
+            p_value = float(stats.ttest_1samp(diffs, 0.0).pvalue)
+        except ImportError:
+            pass
+    return {"n": n, "mean": float(np.mean(diffs)) if diffs else None, "p_value": p_value,
+            "sign_floor": 2 * 0.5 ** n if n else None}
+
+
 def pooled_comparison(results_dir, runs: dict, task: str, models: tuple, preset: str, seeds: tuple = SEEDS) -> dict | None:
     "`pooled_paired_bootstrap` of two models over `seeds` from their saved predictions; None unless every seed has both."
     correct = {m: [] for m in models}
@@ -520,7 +537,8 @@ def results_summary(results_dir, preset: str,
                     tasks=None) -> dict:  # the tasks to summarise (None: every task of `EXPECTED_MODELS`)
     """Everything the chapter's opening summary states, for `preset`: `preset`, `tasks`, `baselines` {task: (name,
     test acc)}, `learned` {(task, model): `learned_the_task`}, `rows` (one per comparison: task, models, `compared`,
-    `rule`, `counted`, `pooled`, `margin`, `n_test`). Raises `KeyError` naming an unknown task."""
+    `rule`, `counted` ("not yet run" without any seed), `replicates` (`seeds_as_replicates`), `pooled`, `margin`,
+    `n_test`), `settings` {task: (task options, T)}. Raises `KeyError` naming an unknown task."""
     from hkt_nb.lra.baselines import load_baselines
 
     tasks = list(EXPECTED_MODELS) if tasks is None else list(tasks)
@@ -536,11 +554,17 @@ def results_summary(results_dir, preset: str,
         for a, b in pairs:
             cs = [compare_on_seed(results_dir, runs, task, (a, b), preset, s) for s in SEEDS]
             rule = verdict(cs)
+            counted = ("not yet run" if not any(cs) else
+                       counted_verdict(rule, learned[(task, a)], learned[(task, b)], (a, b)))
             rows.append({"task": task, "models": (a, b), "compared": WHAT_IS_COMPARED.get((a, b), f"{a} against {b}"),
-                         "rule": rule, "counted": counted_verdict(rule, learned[(task, a)], learned[(task, b)], (a, b)),
+                         "rule": rule, "counted": counted, "replicates": seeds_as_replicates(cs),
                          "pooled": pooled_comparison(results_dir, runs, task, (a, b), preset),
                          "margin": verdict_margin(cs), "n_test": next((c["n"] for c in cs if c), None)})
-    return {"preset": preset, "tasks": tasks, "rows": rows, "learned": learned,
+    from hkt_nb.lra.config import get_preset
+    from hkt_nb.lra.tasks import get_task
+    options = {t: get_preset(preset).train_config(t).task_options for t in tasks}
+    settings = {t: (options[t], get_task(t).seq_len_for(options[t])) for t in tasks}
+    return {"preset": preset, "tasks": tasks, "rows": rows, "learned": learned, "settings": settings,
             "baselines": {t: (b["strongest"], b["baselines"][b["strongest"]]["test_acc"]) for t, b in baselines.items()}}
 
 
@@ -560,22 +584,38 @@ def summary_markdown(summary: dict) -> str:
         status = {m: s for (t, m), s in summary["learned"].items() if t == task and s["learned"] is not None}
         above = [m for m, s in status.items() if s["learned"]]
         below = [m for m, s in status.items() if not s["learned"]]
-        lines.append(f"- {task}: the strongest trivial baseline ({name}) scores {100 * bar:.1f} % on the test set; "
+        options, T = summary.get("settings", {}).get(task, (None, None))
+        setting = (f" ({', '.join(f'{k} `{v}`' for k, v in options.items())}, T = {T})" if options
+                   else f" (T = {T})" if T else "")
+        lines.append(f"- {task}{setting}: the strongest trivial baseline ({name}) scores {100 * bar:.1f} % on the test set; "
                      + (f"{', '.join(above)} {'beats' if len(above) == 1 else 'beat'} it on every seed" if above else "no model beats it on every seed")
                      + (f"; {', '.join(below)} {'has' if len(below) == 1 else 'have'} not learned the task" if below else "")
                      + ("" if status else " (no finished runs)") + ".")
-    decided = [r for r in rows if not r["counted"].startswith(("inconclusive", "excluded"))]
+    decided = [r for r in rows if not r["counted"].startswith(("inconclusive", "excluded", "not yet run"))]
     excluded = [r for r in rows if r["counted"].startswith("excluded")]
+    unrun = [r for r in rows if r["counted"] == "not yet run"]
     lines.append("")
     if decided:
         lines.append("Decided comparisons (every seed significant in one direction, both models above the baselines):")
         for r in decided:
-            m = r["margin"]["margin"]
-            lines.append(f"- {r['task']}, {r['models'][0]} vs {r['models'][1]} ({r['compared']}): **{r['counted']}**"
-                         + (f"; one verdict that {m} changed test example{'s' if m != 1 else ''} would overturn" if m is not None
-                            else f"; no change of up to {r['margin']['max_flips']} test examples on a seed overturns it"))
+            m, rep = r["margin"]["margin"], r["replicates"]
+            a, b = r["models"]
+            lines.append(f"- {r['task']}, {a} vs {b} ({r['compared']}): **{r['counted']}**: on each of the {rep['n']} "
+                         f"seeds the trained {a if r['counted'].startswith(a) else b} network was the more accurate on this "
+                         "test set"
+                         + (f"; a verdict that {m} changed test example{'s' if m != 1 else ''} would overturn" if m is not None
+                            else f"; no change of up to {r['margin']['max_flips']} test examples on a seed overturns it")
+                         + ". With the seeds as replicates of the architectures (which the rule does not test), a t-test "
+                         "of the per-seed differences gives "
+                         + (f"p = {rep['p_value']:.2g}" if rep["p_value"] is not None else "no p-value")
+                         + f", and a sign test with {rep['n']} seeds cannot go below p = {rep['sign_floor']:g}: whether the "
+                         "architectures differ beyond these seeds is not established.")
+    rest = [r for r in rows if r not in decided and r not in unrun]
+    if decided and rest:
+        lines.append("\nNot decided: " + "; ".join(f"{r['task']} {r['models'][0]} vs {r['models'][1]}: {r['counted']}"
+                                                 for r in rest) + ".")
     else:
-        rest = len(rows) - len(excluded)
+        rest = len(rows) - len(excluded) - len(unrun)
         lines.append(f"**No comparison is decided** at this preset: "
                      + (f"all {len(rows)} comparisons are excluded, because in each a model has not learned its task."
                         if not rest else
@@ -583,13 +623,15 @@ def summary_markdown(summary: dict) -> str:
                         f"because a model has not learned its task and {rest} {'is' if rest == 1 else 'are'} inconclusive."))
     pooled = [r for r in rows if r["pooled"] is not None and r["pooled"]["decided"] and not r["counted"].startswith("excluded")]
     if pooled:
-        lines.append("The pooled three-seed test (stated with the rules) excludes zero for: "
+        lines.append("\nThe pooled three-seed test (stated with the rules; its interval covers the test-set noise, not the "
+                     "luck of training) excludes zero for: "
                      + "; ".join(f"{r['task']} {r['models'][0]} vs {r['models'][1]} "
                                  f"({100 * r['pooled']['difference']:+.2f} points)" for r in pooled) + ".")
     fragile = [r for r in rows if r["margin"]["survives_one_change"] is False and r["rule"][:12] != "inconclusive"]
     if fragile:
-        lines.append("Verdicts of the rule that one changed test example would overturn: "
-                     + "; ".join(f"{r['task']} {r['models'][0]} vs {r['models'][1]}" for r in fragile) + ".")
+        lines.append("\nOutcomes of rules 1-4 that one changed test example would overturn: "
+                     + "; ".join(f"{r['task']} {r['models'][0]} vs {r['models'][1]} ({r['rule']}; counted: {r['counted']})"
+                                 for r in fragile) + ".")
     return "\n".join(lines)
 
 
@@ -604,8 +646,13 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
         names = [get_task(t).title or t for t in tasks]
         return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
 
+    def setting(s, t):  # a task's setting where its preset sets options: "ListOps (setting `short`, T = 128)"
+        options, T = s["settings"][t]
+        return named([t]) + (f" (setting {', '.join(f'`{v}`' for v in options.values())}, T = {T})" if options else "")
+
     results_dir = default_results_dir() if results_dir is None else results_dir
     shown, scales = choose_preset(results_dir, preset)[0], task_scales(results_dir, preset)
+    status = grid_status(results_dir)
     summaries = [results_summary(results_dir, name, [t for t in scales if scales[t] == name])
                  for name in dict.fromkeys(sorted(scales.values(), key=_preset_rank))]
     if not any(r["n_test"] for s in summaries for r in s["rows"]):
@@ -627,24 +674,42 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
         if not tasks:
             continue
         learned = [t for t in tasks if all(st["learned"] for (task, _), st in s["learned"].items() if task == t)]
-        decided = [r for r in s["rows"] if not r["counted"].startswith(("inconclusive", "excluded"))]
-        pending = f" (whose `{shown}` grid is not complete yet)" if s["preset"] != shown else ""
-        found.append(f"at the small `{s['preset']}` scale on {named(tasks)}{pending}, "
-                     + ("; ".join(r["counted"] + (f" on {named([r['task']])}" if len(tasks) > 1 else "")
-                                  + f" (comparing {r['compared']})" for r in decided)
-                        if decided else "no comparison between the models is decided")
-                     + (", with every model beating the trivial baselines" if len(learned) == len(tasks) else
-                        f", with every model beating the trivial baselines on {named(learned)} only" if learned else
-                        ", because on " + ("every one of these tasks" if len(tasks) > 1 else "it") + " at least one "
-                        "model does not beat a trivial baseline (the majority label, one token, or a linear model on "
-                        "pixels or bytes)"))
+        decided = [r for r in s["rows"] if not r["counted"].startswith(("inconclusive", "excluded", "not yet run"))]
+        if s["preset"] != shown:
+            done = sum(status[shown][t][0] for t in tasks)
+            pending = (f" (their `{shown}` grid: {done} of {sum(status[shown][t][1] for t in tasks)} runs"
+                       + (", not started)" if not done else ")"))
+        else:
+            pending = ""
+        where = "; ".join(setting(s, t) for t in tasks)
+        if decided:
+            found.append(f"at the small `{s['preset']}` scale on {where}, every model beats the trivial baselines and "
+                         + "; ".join(f"on each of {r['replicates']['n']} seeds the trained {r['models'][0]} network was "
+                                     f"more accurate than the trained {r['models'][1]} network"
+                                     + (f" on {named([r['task']])}" if len(tasks) > 1 else "")
+                                     + f" (comparing {r['compared']})" for r in decided))
+            missing.append("whether " + " or ".join(f"{r['models'][0]} beats {r['models'][1]} as an architecture beyond "
+                                                    "these seeds (the seeds as replicates do not decide it)" for r in decided))
+            for r in decided:
+                others = [o for o in s["rows"] if o["task"] == r["task"] and o is not r and o["models"][0] == r["models"][0]
+                          and o not in decided and o["counted"] != "not yet run"]
+                if others:
+                    undecided = "; ".join(f"{o['models'][0]} against {o['models'][1]} is not decided" for o in others)
+                    missing.append(f"which part of the package the difference on {named([r['task']])} comes from "
+                                   f"({undecided})")
+        elif len(learned) == len(tasks):
+            found.append(f"at the small `{s['preset']}` scale on {where}, every model beats the trivial baselines and "
+                         "no comparison between the models is decided")
         if len(learned) < len(tasks):
-            missing.append(f"at the `{s['preset']}` scale on {named(t for t in tasks if t not in learned)}, where "
-                           "not every model has learned more than those baselines")
-    if not found:
+            failing = [t for t in tasks if t not in learned]
+            bars = "; ".join(f"{named([t])}: {s['baselines'][t][0].replace('_', ' ')}" for t in failing)
+            missing.append(f"anything at the small `{s['preset']}` scale on {named(failing)}{pending}, where a model "
+                           f"does not beat the task's strongest trivial baseline on every seed ({bars})")
+    if not found and not missing:
         return (f"No finished runs are on disk here, so nothing about accuracy is established on this page; the "
                 "layer, its cost and the theory chapters' properties are proved or measured where they are stated.")
-    first = "Established: the layer is implemented and tested as the book derives it; " + "; ".join(found) + "."
+    first = ("Established: the layer is implemented and tested as the book derives it; "
+             + ("; ".join(found) if found else "no comparison between the models is decided") + ".")
     second = ("Not established: whether HKT beats standard attention at the paper's scale, which needs a GPU and has "
               "not been run" + "".join(f"; nor {m}" for m in missing) + ".")
     return first + " " + second
