@@ -42,8 +42,8 @@ __all__ = ['RECORD_VERSION', 'LM_MODELS', 'LM_SEEDS', 'LM_PRESETS', 'NGRAM_ORDER
            'WindowKVCache', 'CachedDecoder', 'default_decoder', 'LMPreset', 'match_lm_parameters', 'lm_model_config',
            'lm_run_name', 'default_lm_results_dir', 'run_lm', 'load_lm_runs', 'compare_lm', 'ByteNGram',
            'fit_byte_ngram', 'interpolated_ngram_probability', 'ngram_window_counts', 'ngram_bits_per_byte',
-           'ngram_distribution', 'fit_ngram_baselines', 'ngram_baselines', 'lm_learned_the_task', 'counted_lm_verdict',
-           'lm_comparisons', 'lm_established_sentence']
+           'ngram_distribution', 'fit_ngram_baselines', 'ngram_settings', 'ngram_baselines', 'lm_learned_the_task',
+           'counted_lm_verdict', 'lm_comparisons', 'lm_established_sentence']
 
 # %% ../nbs/15_lm.ipynb #36cf79dc
 def window_mask(
@@ -1040,6 +1040,15 @@ def fit_ngram_baselines(
     return out
 
 
+def ngram_settings(preset: str, orders=NGRAM_ORDERS, alphas=NGRAM_ALPHAS, val_fraction: float = 0.05) -> dict:
+    "What a baselines record of `preset` must have been fit with to be reused (`ngram_baselines`, `lm_established_sentence`)."
+    p = LM_PRESETS[preset]
+    return {"version": NGRAM_RECORD_VERSION, "preset": preset, "block": p.model.max_len,
+            "final_windows": p.train.final_windows, "train_bytes": p.train.train_bytes,
+            "eval_bytes": p.train.eval_bytes, "orders": sorted(orders), "alphas": [float(a) for a in alphas],
+            "val_fraction": float(val_fraction)}
+
+
 def ngram_baselines(
     preset: str = "smoke",  # a key of `LM_PRESETS`: its max_len, final_windows, train_bytes and eval_bytes
     results_dir=None,  # None: `default_lm_results_dir()`
@@ -1059,10 +1068,7 @@ def ngram_baselines(
     is given, the same data). Raises `ValueError` naming a bad preset."""
     check_choice("preset", preset, LM_PRESETS)
     p = LM_PRESETS[preset]
-    settings = {"version": NGRAM_RECORD_VERSION, "preset": preset, "block": p.model.max_len,
-                "final_windows": p.train.final_windows, "train_bytes": p.train.train_bytes,
-                "eval_bytes": p.train.eval_bytes, "orders": sorted(orders), "alphas": [float(a) for a in alphas],
-                "val_fraction": float(val_fraction)}
+    settings = ngram_settings(preset, orders, alphas, val_fraction)
     path = (Path(results_dir) if results_dir is not None else default_lm_results_dir()) / f"baselines-{preset}.json"
     texts = None
     if data is not None:  # as `train_lm` reads them
@@ -1168,9 +1174,10 @@ def lm_established_sentence(
     if not records:
         return head + ("no runs are on disk here (a clone of the repository has the committed ones in results/lm/), "
                        "so this page establishes nothing about the attention layers.")
-    if not path.is_file():
-        return head + "its byte n-gram baselines are not on disk, so whether the models learned the task is not checked."
-    saved = load_record(path)
+    saved = load_record(path) if path.is_file() else {}
+    if saved.get("settings") != ngram_settings(preset):
+        return head + ("its byte n-gram baselines are not on disk with this version's settings (`ngram_baselines` fits "
+                       "them), so whether the models learned the task is not checked.")
     learned, rows = lm_comparisons(records, saved["baselines"][saved["strongest"]])
     expected = len(LM_MODELS) * len(LM_PRESETS[preset].seeds)
     progress = "" if len(records) == expected else " (its grid is still being trained)"

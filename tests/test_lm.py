@@ -767,7 +767,7 @@ def test_lm_established_sentence_follows_the_records(tmp_path):
     "The first page's language-model sentence: no runs, no baselines, no model past counting, a decided comparison."
     import json
 
-    from hkt_nb.lm import LM_PRESETS, lm_established_sentence, lm_model_config, lm_run_name
+    from hkt_nb.lm import LM_PRESETS, lm_established_sentence, lm_model_config, lm_run_name, ngram_settings
 
     assert "no runs are on disk" in lm_established_sentence("smoke", tmp_path)
     train = LM_PRESETS["smoke"].train.to_dict()
@@ -777,10 +777,13 @@ def test_lm_established_sentence_follows_the_records(tmp_path):
         (tmp_path / f"{lm_run_name(model, 'smoke', 0)}.json").write_text(json.dumps(record))
     assert "baselines are not on disk" in lm_established_sentence("smoke", tmp_path)
 
-    def baseline(bpb):
+    def baseline(bpb, settings=ngram_settings("smoke")):
         entry = {"model": "ngram7", "val_bpb": bpb, "sequence_bpb": [bpb] * 6}
-        (tmp_path / "baselines-smoke.json").write_text(json.dumps({"baselines": {"ngram7": entry}, "strongest": "ngram7"}))
+        (tmp_path / "baselines-smoke.json").write_text(json.dumps({"baselines": {"ngram7": entry}, "strongest": "ngram7",
+                                                                   "settings": settings}))
 
+    baseline(1.5, {**ngram_settings("smoke"), "orders": [1, 2, 3, 4], "version": 1})  # a record of an older version
+    assert "not on disk with this version's settings" in lm_established_sentence("smoke", tmp_path)
     baseline(1.5)
     assert "no model beats the strongest byte n-gram count model" in lm_established_sentence("smoke", tmp_path)
     baseline(3.0)  # both models beat counting, but one seed decides nothing (the rules need 3)

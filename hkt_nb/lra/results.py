@@ -510,11 +510,12 @@ def complete_tasks(status: dict, preset: str) -> list:
     return [t for t, (done, expected) in status.get(preset, {}).items() if expected and done == expected]
 
 
-def choose_preset(results_dir, preset: str = "auto") -> tuple[str, dict]:
+def choose_preset(results_dir, preset: str = "auto",
+                  status: dict | None = None) -> tuple[str, dict]:  # `grid_status(results_dir)`, if already read
     """`(preset, counts)`: `preset` itself, or for "auto" the largest preset of `PRESET_ORDER` in which the grid of at
     least one task is complete, else the one with the most finished runs (ties: the larger); `counts` {name:
     (finished, expected)} over all tasks."""
-    status = grid_status(results_dir)
+    status = grid_status(results_dir) if status is None else status
     counts = {name: tuple(map(sum, zip(*per_task.values()))) for name, per_task in status.items()}
     if preset == "auto":
         complete = [name for name in PRESET_ORDER if complete_tasks(status, name)]
@@ -522,13 +523,15 @@ def choose_preset(results_dir, preset: str = "auto") -> tuple[str, dict]:
     return preset, counts
 
 
-def task_scales(results_dir, preset: str = "auto") -> dict:
+def task_scales(results_dir, preset: str = "auto",
+                status: dict | None = None) -> dict:  # `grid_status(results_dir)`, if already read
     """{task: preset}, the scale at which the summary shows each task: `preset` for every task when it is given;
     for "auto", the preset of `choose_preset` for the tasks whose grid is complete there, and for every other task
     the largest preset of `PRESET_ORDER` where its grid is complete (the chosen one when there is none)."""
     if preset != "auto":
         return {t: preset for t in EXPECTED_MODELS}
-    shown, status = choose_preset(results_dir, preset)[0], grid_status(results_dir)
+    status = grid_status(results_dir) if status is None else status
+    shown = choose_preset(results_dir, preset, status)[0]
     return {t: shown if t in complete_tasks(status, shown) else
             next((name for name in PRESET_ORDER if t in complete_tasks(status, name)), shown) for t in EXPECTED_MODELS}
 
@@ -651,8 +654,8 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
         return named([t]) + (f" (setting {', '.join(f'`{v}`' for v in options.values())}, T = {T})" if options else "")
 
     results_dir = default_results_dir() if results_dir is None else results_dir
-    shown, scales = choose_preset(results_dir, preset)[0], task_scales(results_dir, preset)
-    status = grid_status(results_dir)
+    status = grid_status(results_dir)  # read once: every record and prediction of every preset
+    shown, scales = choose_preset(results_dir, preset, status)[0], task_scales(results_dir, preset, status)
     summaries = [results_summary(results_dir, name, [t for t in scales if scales[t] == name])
                  for name in dict.fromkeys(sorted(scales.values(), key=_preset_rank))]
     if not any(r["n_test"] for s in summaries for r in s["rows"]):
