@@ -680,8 +680,9 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
         decided = [r for r in s["rows"] if not r["counted"].startswith(("inconclusive", "excluded", "not yet run"))]
         if s["preset"] != shown:
             done = sum(status[shown][t][0] for t in tasks)
-            pending = (f" (their `{shown}` grid: {done} of {sum(status[shown][t][1] for t in tasks)} runs"
-                       + (", not started)" if not done else ")"))
+            total = sum(status[shown][t][1] for t in tasks)
+            pending = (f"; their `{shown}` grid has not started" if not done else
+                       f"; their `{shown}` grid has {done} of its {total} runs")
         else:
             pending = ""
         where = "; ".join(setting(s, t) for t in tasks)
@@ -706,8 +707,8 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
         if len(learned) < len(tasks):
             failing = [t for t in tasks if t not in learned]
             bars = "; ".join(f"{named([t])}: {s['baselines'][t][0].replace('_', ' ')}" for t in failing)
-            missing.append(f"anything at the small `{s['preset']}` scale on {named(failing)}{pending}, where a model "
-                           f"does not beat the task's strongest trivial baseline on every seed ({bars})")
+            missing.append(f"anything on {named(failing)}: at the small `{s['preset']}` scale a model does not beat "
+                           f"the task's strongest trivial baseline ({bars}) on every seed{pending}")
     if not found and not missing:
         return (f"No finished runs are on disk here, so nothing about accuracy is established on this page; the "
                 "layer, its cost and the theory chapters' properties are proved or measured where they are stated.")
