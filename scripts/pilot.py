@@ -3,7 +3,8 @@
     python scripts/pilot.py [--only NAME ...] [--dry-run]
 
 Each candidate is one (task, data setting, training length) and is trained for both models on seed 0 with the
-`cpu` preset's model and optimiser, with validation loss and accuracy after every epoch (the learning curve).
+`cpu` preset's model and optimiser (a candidate that is the `cpu` preset's own setting is not: the grid's seed-0
+run is its pilot run, `grid_candidate`), with validation loss and accuracy after every epoch (the learning curve).
 Records go to `results/pilot/<candidate>-<model>.json` (the loop's record plus the candidate's settings); a
 finished candidate is skipped, an interrupted one resumes from its last epoch checkpoint. One thread per process.
 `--baselines` fits the task's trivial baselines on each candidate's own splits (`baselines-<candidate>.json`).
@@ -25,6 +26,7 @@ from hkt_nb.lra.pilot import PILOT_CANDIDATES as CANDIDATES  # noqa: E402 (the c
 from hkt_nb.lra.pilot import PILOT_MODELS as MODELS  # noqa: E402
 from hkt_nb.lra.pilot import PILOT_N_TEST as N_TEST  # noqa: E402
 from hkt_nb.lra.pilot import PILOT_N_VAL as N_VAL  # noqa: E402
+from hkt_nb.lra.pilot import grid_candidate  # noqa: E402
 
 
 def pilot_path(results: Path, candidate: str, model: str) -> Path:
@@ -82,12 +84,18 @@ def main() -> None:
     a = p.parse_args()
     results = Path(a.results_dir)
     results.mkdir(parents=True, exist_ok=True)
+    chosen = a.only or list(CANDIDATES)
+    from_grid = [c for c in chosen if grid_candidate(c) and not pilot_path(results, c, a.models[0]).is_file()]
+    if from_grid:  # its pilot run is the `cpu` grid's seed-0 run (`grid_candidate`, chapter 5g): not trained twice
+        print("from the cpu grid's seed-0 runs and cpu baselines (scripts/run_experiments.py, scripts/run_baselines.py):",
+              ", ".join(from_grid), flush=True)
+    chosen = [c for c in chosen if c not in from_grid]
     if a.baselines:
-        for c in a.only or CANDIDATES:
+        for c in chosen:
             if not baselines_path(results, c).is_file():
                 print(c, baselines(c, results)["baselines"], flush=True)
         return
-    todo = [(c, m) for c in (a.only or CANDIDATES) for m in a.models if not pilot_path(results, c, m).is_file()]
+    todo = [(c, m) for c in chosen for m in a.models if not pilot_path(results, c, m).is_file()]
     print("pilot runs to do:", ", ".join(f"{c}-{m}" for c, m in todo) or "none", flush=True)
     if a.dry_run:
         return

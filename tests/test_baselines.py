@@ -1,6 +1,6 @@
 """Tests for hkt_nb.lra.baselines (chapter 4, *Trivial baselines*): each baseline's known answer on hand-made splits,
-hyper-parameters chosen on validation only, the registry's baselines resolve, and the committed baselines of the CPU presets agree
-with their saved predictions."""
+hyper-parameters and the strongest baseline chosen on validation only, the registry's baselines resolve, and the committed
+baselines of the CPU presets agree with their saved predictions and name the validation choice as the strongest."""
 import json
 from pathlib import Path
 
@@ -100,6 +100,48 @@ def test_fit_baselines_uses_the_registry_and_checks_splits():
                          tokenise=lambda b: b)):
         with pytest.raises(ValueError, match="no baselines"):
             B.fit_baselines("toy_none", "cpu", splits={})
+
+
+def fixed_baseline(val_acc, test_acc, n_features):
+    "A baseline whose scores are given: for tests of the choice of the strongest."
+    def baseline(splits, n_classes=None, seed=0):
+        return {"val_acc": val_acc, "test_acc": test_acc, "test_ce": None, "hyper": {}, "n_features": n_features,
+                "test_pred": np.zeros(len(splits["test"][1]), dtype=np.int64)}
+    return baseline
+
+
+def test_strongest_is_chosen_on_validation_not_test():
+    # "val_best" is better on validation, "test_best" on test: the bar is the validation choice
+    task = Task("toy_bar", n_classes=2, vocab_size=3, seq_len=1, load=lambda *a, **k: None, tokenise=lambda b: b,
+                baselines={"test_best": fixed_baseline(0.50, 0.90, 5), "val_best": fixed_baseline(0.60, 0.40, 5)})
+    with registered(task):
+        fit = B.fit_baselines("toy_bar", "cpu", splits={s: labels_only([0, 1]) for s in B.SPLITS})
+    assert fit["strongest"] == "val_best"
+    assert max(fit["baselines"], key=lambda k: fit["baselines"][k]["test_acc"]) == "test_best"  # test would disagree
+    # ties on validation: the fewer features, whatever the order; then the first in order
+    tied = {"baselines": {"pixels": {"val_acc": 0.3, "test_acc": 0.9, "n_features": 1024},
+                          "histogram": {"val_acc": 0.3, "test_acc": 0.2, "n_features": 32}}}
+    assert B.strongest_baseline(tied) == "histogram"
+    same = {"baselines": {"b": {"val_acc": 0.3, "test_acc": 0.1}, "a": {"val_acc": 0.3, "test_acc": 0.9}}}
+    assert B.strongest_baseline(same) == "b"
+    with pytest.raises(ValueError, match="no baselines"):
+        B.strongest_baseline({"baselines": {}})
+
+
+def test_fit_records_its_threads():
+    threads = B.fit_threads()
+    assert set(threads) == {"blas", "openmp"}
+    assert all(n is None or (isinstance(n, int) and n >= 1) for n in threads.values())
+
+
+COMMITTED = sorted((RESULTS / "baselines").glob("*.json")) + sorted((RESULTS / "pilot").glob("baselines-*.json"))
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_committed_strongest_is_the_validation_choice(path):
+    "Every committed baselines record names as `strongest` the baseline that validation accuracy chooses."
+    result = json.loads(path.read_text())
+    assert result["strongest"] == B.strongest_baseline(result)
 
 
 @pytest.mark.parametrize("task", list(BENCHMARKS))

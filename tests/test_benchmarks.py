@@ -30,6 +30,30 @@ PAPER = {k: LISTOPS_SETTINGS["paper"][k] for k in ("min_length", "max_length", "
 
 
 # ---------------------------------------------------------------- load_benchmark: ListOps (always runs)
+def test_listops_splits_keep_test_whole_and_drop_collisions_from_validation_then_train(monkeypatch, tmp_path):
+    "Chapter 4, *Splits*: test is kept whole (even though it is the larger split), then validation, then train."
+    tiny = dict(min_length=3, max_length=5, max_depth=2, max_args=2, seq_len=8)  # length 4 only: 400 possible trees
+    sizes = {"train": 60, "validation": 40, "test": 100}
+    monkeypatch.setitem(LISTOPS_SETTINGS, "tiny", {**tiny, **{f"n_{s}": n for s, n in sizes.items()}})
+    generator = {k: tiny[k] for k in ("min_length", "max_length", "max_depth", "max_args")}
+    raw = {s: make_listops(n, **generator, seed=0, stream=k, num_proc=1)["Source"]
+           for k, (s, n) in enumerate(sizes.items())}
+    with pytest.warns(UserWarning, match="also occur in another split"):
+        out = D.listops_splits(None, sizes=dict.fromkeys(sizes), caps=dict.fromkeys(sizes), seed=0,
+                               cache_root=tmp_path, setting="tiny")
+    assert out["test"]["Source"] == raw["test"]  # the larger split loses nothing
+    assert out["validation"]["Source"] == [x for x in raw["validation"] if x not in set(raw["test"])]
+    kept = set(raw["test"]) | set(raw["validation"])
+    assert out["train"]["Source"] == [x for x in raw["train"] if x not in kept]
+    assert len(out["validation"]) < sizes["validation"] and len(out["train"]) < sizes["train"]  # collisions did occur
+
+
+def test_imdb_validation_size_is_the_documented_constant():
+    labels = np.repeat([0, 1], 3000)
+    val = D._imdb_val_indices(labels, 0)
+    assert D.IMDB_VAL_PER_CLASS == 1250 and np.bincount(labels[val]).tolist() == [1250, 1250]
+
+
 def test_load_benchmark_listops_small():
     dd = D.load_benchmark("listops", max_examples={"train": 40, "validation": 10, "test": 10})
     assert {k: len(v) for k, v in dd.items()} == {"train": 40, "validation": 10, "test": 10}

@@ -178,6 +178,18 @@ def test_the_two_cpu_presets():
             assert not conforms_to_preset(record, "cpu"), path.name
 
 
+def test_the_cpu_description_says_the_margin_is_on_validation_and_is_not_configuration():
+    """The `cpu` preset's `why` names the split the pilot's rule is applied to (chapter 5g: validation; its test
+    margins are lower), and a record's `config.preset_why` is a copy taken at training time (chapter 5e): a record whose
+    copy differs from today's description still conforms to its preset."""
+    assert "by a margin on validation" in PRESETS["cpu"].why
+    records = [json.loads(path.read_text()) for path in COMMITTED]
+    cpu = [r for r in records if r["preset"] == "cpu" and not r.get("variant")]
+    assert cpu, "no committed cpu record"
+    record = cpu[0]
+    assert conforms_to_preset({**record, "config": {**record["config"], "preset_why": "an older description"}}, "cpu")
+
+
 @dataclasses.dataclass(frozen=True)
 class ExtendedTrainConfig(TrainConfig):
     "TrainConfig with a field added later, with a default (as a future version of the library might add one)."

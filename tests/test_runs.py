@@ -343,3 +343,124 @@ def test_a_mistyped_results_folder_is_an_error_not_an_empty_grid(tmp_path):
                  lambda: copy_finished_runs(missing, tmp_path / "dest")):
         with pytest.raises(FileNotFoundError, match=f"results_dir {missing} .*is not a folder"):
             call()
+
+
+# ---------------------------------------------------------------- reader s8, items 2-4, 11, 23, 27, 30, 31: what the chapters show
+def _committed_experiment(task, preset_name, models=("hkt", "mha")):
+    "An Experiment of the committed runs of `preset_name` in results/ (skips when one is missing)."
+    from hkt_nb.lra.runs import Experiment
+    preset = get_preset(preset_name)
+    records = {(m, s): finished_run(task, m, preset, s, REPO / "results") for m in models for s in preset.seeds}
+    if None in records.values() or not (REPO / "results" / "baselines" / f"{task}-{preset_name}.json").is_file():
+        pytest.skip(f"the committed {task} {preset_name} runs or baselines are not in results/")
+    return Experiment(task, preset, {}, preset.train_config(task), records, REPO / "results")
+
+
+def test_models_none_means_the_tasks_own_models():
+    "Item 3: the chapters' `models = None` runs the registry's models, ListOps' hierarchy ablation included."
+    from hkt_nb.lra.tasks import get_task
+    assert check_experiment_parameters(**{**GOOD, "models": None})["models"] == ["hkt", "mha", "hkt_l1", "hkt_l2"]
+    assert check_experiment_parameters(**{**GOOD, "task": "imdb", "models": None})["models"] == list(get_task("imdb").models)
+
+
+def test_summary_shows_the_strongest_baseline_and_the_training_time_of_every_session():
+    "Items 2 and 11: a column with the strongest baseline's test accuracy; time = train_time_s of all sessions, not wall."
+    experiment = _committed_experiment("scifar10", "cpu_small")
+    saved = json.loads((REPO / "results" / "baselines" / "scifar10-cpu_small.json").read_text())
+    strongest = saved["strongest"]
+    rows = experiment.summary()
+    for row, record in zip(rows, experiment.results.values()):
+        assert row[f"{strongest} test %"] == pytest.approx(100 * saved["baselines"][strongest]["test_acc"])
+        assert row["training min (all sessions)"] * 60 == pytest.approx(sum(h["train_time_s"] for h in record["history"]))
+        assert row["chosen by"] == "highest val acc"  # cpu_small was recorded before the lowest-validation-loss rule
+    resumed = experiment.results["hkt", 1]  # trained over several sessions: its last one is a third of the time
+    assert resumed["wall_time_s"] < 0.5 * resumed["train_time_s"]
+    assert rows[1]["training min (all sessions)"] * 60 == pytest.approx(resumed["train_time_s"])
+
+
+def test_plot_draws_the_strongest_baselines_validation_accuracy_and_labels_the_majority_as_test():
+    "Item 23: the majority line is the test share (labelled so); the baseline line is at its validation accuracy."
+    import matplotlib
+    matplotlib.use("Agg")
+    experiment = _committed_experiment("imdb", "cpu_small")
+    baseline = experiment.baseline()
+    lines = {line.get_label(): line for line in experiment.plot().axes[0].get_lines()}
+    assert lines["majority class (test share)"].get_ydata()[0] == pytest.approx(
+        100 * experiment.results["hkt", 0]["majority_test_acc"])
+    assert lines[f"{baseline['name']} (strongest baseline, validation)"].get_ydata()[0] == pytest.approx(
+        100 * baseline["val_acc"])
+
+
+def test_verdict_names_who_beats_the_strongest_baseline_on_every_seed(tmp_path):
+    "Item 2: one computed sentence; 'not evidence' when a model does not beat the bar; says so without baselines."
+    from hkt_nb.lra.runs import Experiment
+    small = _committed_experiment("scifar10", "cpu_small")  # HKT and MHA below a linear model on pixels
+    text = small.verdict()
+    assert text.startswith("On the test set no model here beats the strongest trivial baseline, pixels (27.05 %")
+    assert "on every seed (at or below it: HKT 22.95 %, 22.70 %, 20.45 % on seeds 0, 1, 2; MHA" in text and "the HKT–MHA difference among them" in text
+    listops = _committed_experiment("listops", "cpu_small", ("hkt", "mha", "hkt_l1", "hkt_l2"))
+    text = listops.verdict()  # HKT above the root-operator rule on every seed, the other three not
+    assert text.startswith("On the test set HKT beats the strongest trivial baseline, root_operator (35.00 %")
+    assert "MHA, HKT_L1 and HKT_L2 do not (at or below it: MHA 34.75 %" in text and "HKT_L2 34.75 % on seed 0;" not in text
+    assert "HKT_L2 34.75 % on seed 0)" in text and "the HKT–MHA difference among them" in text
+    cpu = _committed_experiment("listops", "cpu", ("hkt", "mha", "hkt_l1", "hkt_l2"))
+    assert cpu.verdict() == ("On the test set every model here (HKT, MHA, HKT_L1 and HKT_L2) beats the strongest "
+                             "trivial baseline, root_operator (33.73 % on the test set), on every seed.")
+    bare = Experiment("scifar10", small.preset, {}, small.train_config, small.results, tmp_path)
+    assert bare.baseline() is None and "scifar10" not in bare.summary()[0] and "pixels test %" not in bare.summary()[0]
+    assert bare.verdict().startswith("No trivial baselines are recorded for this task at preset `cpu_small` "
+                                     "(baselines/scifar10-cpu_small.json is not in the results folder")
+
+
+def test_selection_note_reads_the_records_rule():
+    "Item 31: best epoch = lowest validation loss, except for records without `selection` (results version 1)."
+    assert _committed_experiment("listops", "cpu").selection_note() == (
+        "*Best epoch* is the epoch of the lowest validation loss, the checkpoint a run keeps and tests.")
+    assert _committed_experiment("imdb", "cpu_small").selection_note().startswith(
+        "*Best epoch* is the epoch of the highest validation accuracy: all 6 runs here were recorded before that rule")
+
+
+def test_mix_moves_measure_lambda_and_gates_from_their_uniform_start():
+    "Item 4: max |lambda - 1/L| and |g - 1/2| over layers and heads; 'near uniform' within UNIFORM_MIX_TOLERANCE."
+    from hkt_nb.lra.runs import UNIFORM_MIX_TOLERANCE, Experiment, mix_moves
+    record = {"lambdas": [[[0.3, 0.4, 0.3], [1 / 3, 1 / 3, 1 / 3]], [[0.25, 0.35, 0.4], [0.3, 0.3, 0.4]]],
+              "gates": [[0.52, 0.49], [0.5, 0.47]]}
+    moves = mix_moves(record)
+    assert moves["lambda"] == pytest.approx(1 / 3 - 0.25) and moves["gate"] == pytest.approx(0.03)
+    assert mix_moves({"lambdas": [[[1.0]]], "gates": [[0.5]]}) == {"lambda": 0.0, "gate": 0.0}  # one level: 1/L = 1
+    assert mix_moves({}) == {"lambda": None, "gate": None}  # MHA
+    assert UNIFORM_MIX_TOLERANCE == 0.05
+    experiment = Experiment("listops", get_preset("smoke"), {}, get_preset("smoke").train, {("hkt", 0): record})
+    assert experiment.mix_note().startswith("The largest move of any λ from 1/L is 0.083 (HKT seed 0) and of any g "
+                                            "from 1/2 is 0.030 (HKT seed 0), over layers and heads: λ moved by more "
+                                            "than 0.05")
+    assert experiment.mix_note().endswith("while g stayed within it.")
+    committed = _committed_experiment("scifar10", "cpu_small")  # the committed lambdas sit at their start
+    largest = max(row["max |λ − 1/L|"] for row in committed.mix_moves())
+    assert largest < UNIFORM_MIX_TOLERANCE and "stayed near its uniform initial value" in committed.mix_note()
+
+
+def test_run_experiment_of_loaded_runs_prints_their_training_time_and_no_machine_path(capsys):
+    "Items 27 and 30: nothing to train -> the recorded training time, no estimate; folders relative to the repository."
+    from hkt_nb.lra.runs import run_experiment, training_seconds
+    _committed_experiment("scifar10", "cpu_small")  # skips without the committed runs
+    experiment = run_experiment("scifar10", preset="cpu_small", device="cpu", results_dir=REPO / "results")
+    out = capsys.readouterr().out
+    total = sum(training_seconds(r) for r in experiment.results.values())
+    assert "results in the repository's results/\n" in out and str(REPO) not in out and "estimated time" not in out
+    assert f"all 6 run(s) are finished and are loaded, nothing trains; their recorded training time: " \
+           f"{total / 3600:.1f} h in all" in out
+    assert "loaded the finished run from results/scifar10-hkt-cpu_small-seed0.json" in out
+
+
+def test_planned_time_estimates_only_the_runs_left_to_train():
+    "Item 30: with some runs loaded, the estimate covers the others, grouped by the seeds each model has left."
+    from hkt_nb.lra.runs import _planned_time
+    preset = get_preset("cpu_small")
+    record = finished_run("scifar10", "hkt", preset, 0, REPO / "results")
+    if record is None:
+        pytest.skip("the committed scifar10 cpu_small runs are not in results/")
+    finished = {("hkt", 0): record, ("hkt", 1): None, ("mha", 0): None, ("mha", 1): None}
+    lines = _planned_time("scifar10", ["hkt", "mha"], preset, [0, 1], "cpu", REPO / "results", finished).splitlines()
+    assert len(lines) == 2 and "for 1 run(s)" in lines[0] and "for 2 run(s)" in lines[1]
+    assert lines[1].endswith("(1 of the 4 runs are finished and are loaded)")

@@ -23,7 +23,7 @@ __all__ = ['SPLITS', 'C_GRID', 'HISTOGRAM_BINS', 'BIGRAM_BUCKETS', 'pixel_softma
            'byte_unigram_baseline', 'byte_bigram_baseline', 'BASELINES', 'split_sequences', 'majority_baseline',
            'root_operator', 'root_operator_baseline', 'choose_on_validation', 'linear_baseline', 'pixel_features',
            'histogram_features', 'byte_unigram_features', 'byte_bigram_features', 'baseline_splits', 'library_versions',
-           'strongest_baseline', 'fit_baselines', 'baseline_path', 'save_baselines', 'load_baselines']
+           'strongest_baseline', 'fit_threads', 'fit_baselines', 'baseline_path', 'save_baselines', 'load_baselines']
 
 # %% ../../nbs/04d_baselines.ipynb #b4a09714
 def split_sequences(split) -> tuple[list[np.ndarray], np.ndarray]:
@@ -248,9 +248,24 @@ def library_versions() -> dict:
 
 
 def strongest_baseline(result: dict) -> str:
-    "The name of the baseline with the highest test accuracy in a `fit_baselines` result (ties: the first)."
-    scores = {name: r["test_acc"] for name, r in result["baselines"].items()}
-    return choose_on_validation(scores)
+    """The name of the baseline with the highest *validation* accuracy (`val_acc`) in a `fit_baselines` result or a
+    saved one (`load_baselines`); the test accuracies play no part. Ties: the fewest `n_features` (the simpler
+    baseline; a record without the field counts as 0), then the first in order. Raises ValueError for no baselines."""
+    records = result["baselines"]
+    if not records:
+        raise ValueError("result: no baselines to choose from")
+    order = list(records)
+    return min(order, key=lambda name: (-records[name]["val_acc"], records[name].get("n_features", 0), order.index(name)))
+
+
+def fit_threads() -> dict:
+    """The threads the fits could use, from threadpoolctl (a dependency of scikit-learn): {"blas": the most threads of
+    any loaded BLAS library, "openmp": the same for OpenMP}, None for a kind that is not loaded."""
+    from threadpoolctl import threadpool_info
+
+    info = threadpool_info()
+    counts = {api: [p["num_threads"] for p in info if p.get("user_api") == api] for api in ("blas", "openmp")}
+    return {api: max(found) if found else None for api, found in counts.items()}
 
 
 def fit_baselines(task: str,  # a registered task with baselines ("listops", "scifar10", "imdb")
@@ -259,8 +274,9 @@ def fit_baselines(task: str,  # a registered task with baselines ("listops", "sc
                   data_dir=None,  # local data (default $HKT_DATA_DIR)
                   splits: dict | None = None) -> dict:  # given splits instead of loading them (tests)
     """Every baseline of `task` (`Task.baselines`) fit on the training split of `preset`, chosen on validation,
-    scored on test: {"task", "preset", "seed", "sizes", "baselines": {name: record}, "strongest", "versions",
-    "predictions": {name: int array of test predictions}, "test_labels"}. Raises ValueError for a task without
+    scored on test: {"task", "preset", "seed", "sizes", "baselines": {name: record}, "strongest" (chosen on
+    validation: `strongest_baseline`), "versions", "threads" (`fit_threads`), "predictions": {name: int array of test
+    predictions}, "test_labels"}. Raises ValueError for a task without
     baselines and KeyError (`UnknownTaskError`) for an unknown task."""
     from hkt_nb.lra.tasks import get_task
 
@@ -280,6 +296,7 @@ def fit_baselines(task: str,  # a registered task with baselines ("listops", "sc
         out["predictions"][name] = fit.pop("test_pred")
         out["baselines"][name] = {"function": fn.__name__, **fit}
     out["strongest"] = strongest_baseline(out)
+    out["threads"] = fit_threads()  # after the fits: the libraries they loaded
     return out
 
 # %% ../../nbs/04d_baselines.ipynb #335c9a7e

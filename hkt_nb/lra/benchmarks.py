@@ -25,13 +25,15 @@ from .listops import LISTOPS_SETTINGS, datasets, make_listops, read_listops_tsv,
 from .tokenize import PAD_ID, tokenise_listops
 
 # %% auto #0
-__all__ = ['SPLITS', 'PARQUET_FILES', 'BenchmarkInfo', 'benchmark_info', 'listops_splits', 'listops_check', 'listops_source',
-           'imdb_splits', 'cifar10_splits', 'scifar10_check', 'synthetic_benchmark', 'synthetic_splits',
-           'load_benchmark', 'task_sizes', 'load_task', 'subsample', 'TokenDataset', 'batch_length', 'pad_collate',
-           'make_dataloader', 'absolute_path', 'resolve_user_path', 'cache_dir', 'resolve_data_dir', 'load_raw']
+__all__ = ['SPLITS', 'IMDB_VAL_PER_CLASS', 'PARQUET_FILES', 'BenchmarkInfo', 'benchmark_info', 'listops_splits', 'listops_check',
+           'listops_source', 'imdb_splits', 'cifar10_splits', 'scifar10_check', 'synthetic_benchmark',
+           'synthetic_splits', 'load_benchmark', 'task_sizes', 'load_task', 'subsample', 'TokenDataset', 'batch_length',
+           'pad_collate', 'make_dataloader', 'absolute_path', 'resolve_user_path', 'cache_dir', 'resolve_data_dir',
+           'load_raw']
 
 # %% ../../nbs/04_data.ipynb #38380846
 SPLITS = ("train", "validation", "test")
+IMDB_VAL_PER_CLASS = 1250  # IMDB's validation split: reviews of each class carved from train (section *Splits*)
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ def benchmark_info(
     task: str,  # a registered task (`hkt_nb.lra.tasks.TASKS`), or its `Task`
     *,
     seq_len: int | None = None,  # overrides the task's sequence length
-    **options,  # the task's own options: ListOps `setting` ("paper" or "lra"), sCIFAR-10 `rgb`
+    **options,  # the task's own options: ListOps `setting` ("paper", "short" or "lra"), sCIFAR-10 `rgb`
 ) -> BenchmarkInfo:
     """`BenchmarkInfo` of a task for `load_benchmark`'s arguments: vocabulary and classes from the registry, T =
     `seq_len` or the task's default for these options. Raises KeyError (unknown task), TypeError / ValueError
@@ -96,15 +98,16 @@ def _listops_split(split, n, params, seed, cache_root: Path) -> datasets.Dataset
 def listops_splits(task, *, sizes: dict, caps: dict, seed: int, cache_root: Path, data_dir=None,
                    setting: str = "paper") -> dict[str, datasets.Dataset]:
     """ListOps' raw splits (columns `Source`, `Target`): split k is stream k of `seed` in `setting`, `sizes[split]`
-    examples (default the setting's), at most `caps[split]`; an example found in two splits is dropped from the
-    larger one, with a warning that says how many. The loader of the registry's "listops"."""
+    examples (default the setting's), at most `caps[split]`. The splits are made disjoint with a warning that says how
+    many are dropped: test is kept whole, a validation example that is also in test is dropped from validation, a
+    training example that is in validation or test from train. The loader of the registry's "listops"."""
     params = LISTOPS_SETTINGS[setting]
     out = {}
     for s in SPLITS:
         n = sizes[s] if sizes[s] is not None else params[f"n_{s}"]
         out[s] = _listops_split(s, min(n, caps[s]) if caps[s] else n, params, seed, cache_root)
     seen = set()
-    for s in ("test", "validation", "train"):   # disjointness: drop collisions from the larger split
+    for s in ("test", "validation", "train"):   # disjointness: test kept whole, then validation, then train
         src = out[s]["Source"]
         keep = [i for i, x in enumerate(src) if x not in seen]
         if len(keep) < len(src):
@@ -115,8 +118,8 @@ def listops_splits(task, *, sizes: dict, caps: dict, seed: int, cache_root: Path
 
 
 def listops_check(task, seq_len: int | None, setting: str = "paper") -> int:
-    """T of ListOps: `seq_len`, else the setting's (512 or 2000). Raises ValueError naming `setting` (unknown) or
-    `seq_len` (shorter than the setting's longest expression)."""
+    """T of ListOps: `seq_len`, else the setting's (`LISTOPS_SETTINGS`: 512 "paper", 128 "short", 2000 "lra").
+    Raises ValueError naming `setting` (unknown) or `seq_len` (shorter than the setting's longest expression)."""
     if not isinstance(setting, str) or setting not in LISTOPS_SETTINGS:
         raise ValueError(f"setting: unknown ListOps setting {setting!r}; expected one of {sorted(LISTOPS_SETTINGS)}")
     longest = LISTOPS_SETTINGS[setting]["max_length"] - 1
@@ -147,14 +150,15 @@ def _ordered(parts: dict, sizes: dict, caps: dict, seed: int) -> dict[str, datas
     return out
 
 
-def _imdb_val_indices(labels: np.ndarray, seed: int, per_class: int = 1250) -> np.ndarray:
+def _imdb_val_indices(labels: np.ndarray, seed: int, per_class: int = IMDB_VAL_PER_CLASS) -> np.ndarray:
     rng = np.random.default_rng(seed)
     return np.sort(np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:per_class] for c in np.unique(labels)]))
 
 
 def imdb_splits(task, *, sizes: dict, caps: dict, seed: int, cache_root: Path, data_dir=None) -> dict:
-    """IMDB's raw splits (`text`, `label`): validation = 1,250 training reviews per class drawn with `seed`, train
-    the other 22,500, test the hub's test split; then `_ordered`. The loader of the registry's "imdb"."""
+    """IMDB's raw splits (`text`, `label`): validation = `IMDB_VAL_PER_CLASS` (1,250) training reviews per class drawn
+    with `seed`, train the other 22,500, test the hub's test split; then `_ordered`. The loader of the registry's
+    "imdb"."""
     raw = load_raw(task, data_dir, cache_root)
     train = raw["train"]
     val_idx = _imdb_val_indices(np.asarray(train["label"]), seed)
@@ -267,7 +271,7 @@ def load_benchmark(
     seed: int = 0,  # fixes the IMDB validation carve, the split orders and the ListOps generator
     cache: str | os.PathLike | None = None,  # cache folder; default `$HKT_CACHE_DIR`, else ~/.cache/hkt_nb
     num_proc: int | None = None,  # worker processes for tokenisation
-    **options,  # the task's own: ListOps `setting` ("paper": T 512, or "lra": T 2000), sCIFAR-10 `rgb` (T 3072)
+    **options,  # the task's own: ListOps `setting` ("paper": T 512, "short": T 128, "lra": T 2000), sCIFAR-10 `rgb` (T 3072)
 ) -> datasets.DatasetDict:  # splits train / validation / test; columns input_ids (uint16, unpadded), label, length
     """A task as a `DatasetDict` (section "Splits" of chapter 4 for the split rules of the paper's tasks).
 

@@ -37,8 +37,9 @@ VALUE_P = 0.25  # LRA: probability that a node shallower than max_depth is an op
 #: The documented settings. "lra": LRA's own flags (listops.py defaults, sequences up to 2K tokens).
 #: "paper": the T = 512 setting of the HKT paper; the length window keeps LRA's ratio min/max = 1/4 and
 #: `max_length` = 513 makes every kept sequence fit T = 512 exactly (the bounds are strict, as in LRA).
-#: "short": LRA's generator and depth with a shorter window (T = 128), a candidate for CPU-sized runs (chapter 5).
-#: Our two settings' test splits hold 10,000 expressions (LRA's 2,000 detect a one-point difference too rarely).
+#: "short": LRA's generator and depth cap with a shorter window (T = 128), the setting the `cpu` preset trains
+#: (chapter 5); its trees are much shallower (section *Generator statistics*). Our settings' test splits hold 10,000
+#: expressions, LRA's 2,000: section *Test-set size* computes how often each detects a one-point difference.
 LISTOPS_SETTINGS = {
     "lra":   dict(min_length=500, max_length=2000, max_depth=10, max_args=10, seq_len=2000,
                   n_train=96_000, n_validation=2_000, n_test=2_000),

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['PILOT_CANDIDATES', 'PILOT_MODELS', 'PILOT_N_VAL', 'PILOT_N_TEST', 'PILOT_MARGIN', 'pilot_dir', 'load_pilot',
-           'kept_epoch', 'training_seconds', 'training_tokens', 'pilot_margins', 'choose_candidates']
+__all__ = ['PILOT_CANDIDATES', 'PILOT_MODELS', 'PILOT_N_VAL', 'PILOT_N_TEST', 'PILOT_MARGIN', 'pilot_dir', 'grid_candidate',
+           'load_pilot', 'kept_epoch', 'training_seconds', 'training_tokens', 'pilot_margins', 'choose_candidates']
 
 # %% ../../nbs/05g_pilot.ipynb #bb65026c
 #: name (examples seen) -> (task, the task's data options, T, `TrainConfig` overrides), in the order they are run
@@ -33,18 +33,49 @@ def pilot_dir(results_dir) -> Path:
     return Path(results_dir) / "pilot"
 
 
+def grid_candidate(candidate: str,  # a name of `PILOT_CANDIDATES`
+                   preset: str = "cpu",  # the preset whose seed-0 run would train the same model on the same data
+                   ) -> bool:
+    """Whether `candidate` trains exactly what `preset`'s seed-0 run of its task trains: the same data options,
+    training-split size, epochs and validation split (`PILOT_N_VAL` examples), with the preset's model and optimiser
+    (which every candidate uses). Then that run is the candidate's pilot run; only its test split is larger."""
+    from hkt_nb.lra.config import get_preset
+
+    task, options, _, overrides = PILOT_CANDIDATES[candidate]
+    train = get_preset(preset).train_config(task)
+    return ((train.task_options or {}) == (options or {}) and train.n_train == overrides["n_train"]
+            and train.epochs == overrides["epochs"] and train.n_val == PILOT_N_VAL and train.data_seed == 0)
+
+
+def _read(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def load_pilot(results_dir) -> tuple[dict, dict]:
-    """`(records, baselines)` of the pilot found under `pilot_dir(results_dir)`: {(candidate, model): record} and
-    {candidate: baselines}, for the candidates of `PILOT_CANDIDATES` whose files exist (none: two empty dicts)."""
+    """`(records, baselines)` of the pilot: {(candidate, model): record} and {candidate: baselines}, for the candidates
+    of `PILOT_CANDIDATES` with records (none: two empty dicts). A candidate's own files under `pilot_dir(results_dir)`
+    come first; for a `grid_candidate` without them, the `cpu` grid's finished seed-0 run and the `cpu` baselines
+    under `results_dir` serve (the record's `pilot["source"]` says so)."""
+    from hkt_nb.lra.config import run_name
+
     folder, records, baselines = pilot_dir(results_dir), {}, {}
-    for candidate in PILOT_CANDIDATES:
+    for candidate, (task, options, seq_len, overrides) in PILOT_CANDIDATES.items():
+        from_grid = grid_candidate(candidate)
         for model in PILOT_MODELS:
-            path = folder / f"{candidate}-{model}.json"
-            if path.is_file():
-                records[candidate, model] = json.loads(path.read_text())
-        path = folder / f"baselines-{candidate}.json"
-        if path.is_file():
-            baselines[candidate] = json.loads(path.read_text())
+            record = _read(folder / f"{candidate}-{model}.json")
+            if record is None and from_grid:
+                grid = _read(Path(results_dir) / f"{run_name(task, model, 'cpu', 0)}.json")
+                if grid is not None and grid.get("complete"):
+                    record = {**grid, "pilot": {"candidate": candidate, "task": task, "options": options,
+                                                "seq_len": seq_len, "overrides": overrides,
+                                                "source": f"the `cpu` grid's run {grid['run']}"}}
+            if record is not None:
+                records[candidate, model] = record
+        fit = _read(folder / f"baselines-{candidate}.json")
+        if fit is None and from_grid:
+            fit = _read(Path(results_dir) / "baselines" / f"{task}-cpu.json")
+        if fit is not None:
+            baselines[candidate] = fit
     return records, baselines
 
 # %% ../../nbs/05g_pilot.ipynb #a0c7d639

@@ -44,6 +44,7 @@ try:  # the [lra] extra: its absence is reported by `hkt-train` in one line, nev
     from hkt_nb.lra.tasks import get_task
     from hkt_nb.lra.workspace import (  # noqa: F401 (FULL_TRAIN_SIZE, fetch_record, records_url: also read from here)
         FULL_TRAIN_SIZE,
+        _clone_root,
         default_results_dir,
         estimate_seconds,
         estimated_time,
@@ -57,10 +58,32 @@ except ImportError as error:  # a core-only install: the command line names the 
     raise  # a library import keeps the ImportError
 
 # %% auto #0
-__all__ = ['finished_run', 'reusable_run', 'load_or_train', 'check_experiment_parameters', 'Experiment', 'run_experiment',
-           'parse_args', 'resume_command', 'main', 'predict_run']
+__all__ = ['UNIFORM_MIX_TOLERANCE', 'SELECTION_RULES', 'shown_path', 'training_seconds', 'duration', 'finished_run',
+           'reusable_run', 'load_or_train', 'check_experiment_parameters', 'selection', 'mix_moves', 'Experiment',
+           'run_experiment', 'parse_args', 'resume_command', 'main', 'predict_run']
 
 # %% ../../nbs/05b_runs.ipynb #57ce0bdd
+def shown_path(path: str | os.PathLike) -> str:
+    """`path` as the chapters print it: relative to the repository that holds it (`results/x.json`), so that an
+    executed chapter names no folder of the machine it ran on; a path outside any clone (Colab's Drive) in full."""
+    path = absolute_path(path)
+    root = _clone_root(path)
+    return str(path) if root is None else path.relative_to(root).as_posix()
+
+
+def training_seconds(record: dict) -> float:
+    """A run's training time in seconds, summed over every session of a resumed run: the record's `train_time_s`, else
+    (an unfinished record) the sum of its epochs' `train_time_s`. Not `wall_time_s`, which is the last session's."""
+    if record.get("train_time_s") is not None:
+        return float(record["train_time_s"])
+    return float(sum(epoch.get("train_time_s") or 0.0 for epoch in record.get("history", [])))
+
+
+def duration(seconds: float) -> str:
+    "A time to print: seconds below 2 minutes, minutes below 2 hours, else hours."
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
 def finished_run(
     task: str,  # "listops", "imdb", "scifar10" or "synthetic"
     model: str,  # an arm (`ARMS`)
@@ -112,8 +135,9 @@ def load_or_train(
     The returned dict has `"loaded": True` when it was read from disk. Raises TypeError for an unknown keyword."""
     record = reusable_run(task, model, preset, seed, results_dir, retrain, keywords)
     if record is not None:
-        print(f"{record['run']}: loaded the finished run from {absolute_path(results_dir) / (record['run'] + '.json')} "
-              f"(trained {record.get('created', '?')}, {record['hardware'].get('device', '?')})", flush=True)
+        print(f"{record['run']}: loaded the finished run from {shown_path(absolute_path(results_dir) / (record['run'] + '.json'))} "
+              f"(trained {record.get('created', '?')}, {record['hardware'].get('device', '?')}, "
+              f"{duration(training_seconds(record))} of training)", flush=True)
         return {**record, "loaded": True}
     return {**train(task, model, preset, seed, results_dir=results_dir, **keywords), "loaded": False}
 
@@ -136,7 +160,7 @@ def _as_list(name: str, value, kind: type) -> list:
 
 def check_experiment_parameters(
     task,  # one of `TASKS`
-    models,  # a list of arms (`ARMS`), or its text
+    models,  # a list of arms (`ARMS`), or its text, or None for the task's own models (`get_task(task).models`)
     preset,  # a name of `PRESETS`
     seeds,  # a list of ints >= 0 (or its text), or None for the preset's seeds
     device,  # "auto", "cpu" or "cuda[:k]"
@@ -144,10 +168,11 @@ def check_experiment_parameters(
     results_dir,  # a path
     retrain,  # True or False
 ) -> dict:  # the parameters, normalised
-    """The parameters of an experiment chapter, checked and normalised (lists from text, `seeds=None` -> the
-    preset's seeds, paths absolute). Raises TypeError / ValueError naming the parameter and what it allows."""
+    """The parameters of an experiment chapter, checked and normalised (lists from text, `models=None` -> the task's
+    models in the registry (chapter 4c), `seeds=None` -> the preset's seeds, paths absolute). Raises TypeError /
+    ValueError naming the parameter and what it allows."""
     check_choice("task", task, TASKS)
-    models = _as_list("models", models, str)
+    models = list(get_task(task).models) if models is None else _as_list("models", models, str)
     for model in models:
         check_choice("models", model, ARMS)
     check_choice("preset", preset, PRESETS)
@@ -163,6 +188,36 @@ def check_experiment_parameters(
                 results_dir=default_results_dir() if results_dir is None else absolute_path(results_dir))
 
 # %% ../../nbs/05b_runs.ipynb #5dae32fe
+#: How far a mixing weight of HKT may move from its initial value (|lambda - 1/L| for the level weights, |g - 1/2| for
+#: the gates) for the chapters to say the mix stayed near uniform: a convention of this book, not a test. Both start
+#: exactly uniform (zero logits, chapter 2), so a smaller move means training left the mix where it began.
+UNIFORM_MIX_TOLERANCE = 0.05
+
+#: How a record's best epoch was chosen (`selection`; absent in records of results version 1: chapter 5, *Run names*).
+SELECTION_RULES = {"val_loss": "lowest val loss", "val_acc": "highest val acc"}
+
+
+def selection(record: dict) -> str:
+    "The rule that chose a run's best epoch, a key of `SELECTION_RULES`: the record's `selection`, else version 1's 'val_acc'."
+    return record.get("selection", "val_acc")
+
+
+def _listed(names, last: str = "and") -> str:
+    "'A', 'A and B', 'A, B and C' (or `last`)."
+    names = list(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
+
+
+def mix_moves(record: dict) -> dict:
+    """The largest move of HKT's mixing weights from their uniform initial values in a run's record (`lambdas`: one
+    H x L list per layer, `gates`: one list of H per layer; chapter 5, *Records*): `lambda` = max |lambda - 1/L| and
+    `gate` = max |g - 1/2| over layers, heads (and levels); None where the record has none (MHA)."""
+    lambdas = [np.asarray(layer, dtype=float) for layer in record.get("lambdas") or []]
+    gates = [np.asarray(layer, dtype=float) for layer in record.get("gates") or []]
+    return {"lambda": max((float(np.abs(w - 1 / w.shape[-1]).max()) for w in lambdas), default=None),
+            "gate": max((float(np.abs(g - 0.5).max()) for g in gates), default=None)}
+
+
 @dataclass
 class Experiment:
     "The runs of one experiment chapter: a task, its models and seeds under one preset, and their records."
@@ -171,23 +226,130 @@ class Experiment:
     configs: dict  # model -> ClassifierConfig
     train_config: TrainConfig
     results: dict = field(default_factory=dict)  # (model, seed) -> results record
+    results_dir: Path | None = None  # where the records and the baselines (`baselines/<task>-<preset>.json`) are
 
     def setting(self) -> dict:
         "model -> its configuration and parameter count, for the setting table the chapters print."
         return {model: {**flat_model_config(config.to_dict()), "parameters": count_parameters(config)}
                 for model, config in self.configs.items()}
 
+    def baselines(self) -> dict | None:
+        """The saved trivial baselines of the task at this preset (chapter 4d, `load_baselines`):
+        {"strongest": name, "baselines": {name: {"val_acc", "test_acc", ...}}}; None without `results_dir` or without
+        the file `results_dir/baselines/<task>-<preset>.json`."""
+        if self.results_dir is None:
+            return None
+        from hkt_nb.lra.baselines import load_baselines  # chapter 4d
+        return load_baselines(self.results_dir, self.preset.name, [self.task]).get(self.task)
+
+    def baseline(self) -> dict | None:
+        "The strongest trivial baseline (`baselines`): `name`, `val_acc`, `test_acc` (fractions); None without one."
+        saved = self.baselines()
+        if not saved:
+            return None
+        name = saved["strongest"]
+        return {"name": name, "val_acc": saved["baselines"][name]["val_acc"],
+                "test_acc": saved["baselines"][name]["test_acc"]}
+
     def summary(self) -> list[dict]:
-        "One row per run: parameters, best epoch, validation / test / majority accuracy (%), throughput, time."
-        return [{"model": m, "seed": s, "parameters": r["n_params"], "best epoch": r["best_epoch"],
-                 "val acc %": 100 * r["best_val_acc"], "test acc %": 100 * r["test_acc"],
-                 "majority %": 100 * r["majority_test_acc"], "examples/s": r["train_examples_per_s"],
-                 "wall time s": r["wall_time_s"]} for (m, s), r in self.results.items()]
+        """One row per run: parameters, best epoch and the rule that chose it (`selection`), validation / test accuracy
+        (%), the test share of the training set's majority class, the test accuracy of the strongest trivial baseline
+        (`baseline`; the column is absent without a baselines file), throughput, and the training time in minutes
+        summed over every session of a resumed run (`training_seconds`)."""
+        baseline, rows = self.baseline(), []
+        for (m, s), r in self.results.items():
+            row = {"model": m, "seed": s, "parameters": r["n_params"], "best epoch": r["best_epoch"],
+                   "chosen by": SELECTION_RULES[selection(r)], "val acc %": 100 * r["best_val_acc"],
+                   "test acc %": 100 * r["test_acc"], "majority test %": 100 * r["majority_test_acc"]}
+            if baseline is not None:
+                row[f"{baseline['name']} test %"] = 100 * baseline["test_acc"]
+            rows.append({**row, "examples/s": r["train_examples_per_s"],
+                         "training min (all sessions)": training_seconds(r) / 60})
+        return rows
+
+    def selection_note(self) -> str:
+        "One sentence (Markdown): the rule that chose the runs' best epoch, read from each record (`selection`)."
+        old = [f"{m.upper()} seed {s}" for (m, s), r in self.results.items() if selection(r) == "val_acc"]
+        rule = "*Best epoch* is the epoch of the lowest validation loss, the checkpoint a run keeps and tests"
+        if not old:
+            return rule + "."
+        before = f"recorded before that rule (results version 1: no `selection` in the record)"
+        if len(old) == len(self.results):
+            return (f"*Best epoch* is the epoch of the highest validation accuracy: all {len(old)} runs here were {before}; "
+                    "runs recorded since keep the epoch of the lowest validation loss.")
+        return f"{rule}; for the {len(old)} run(s) {before}, {', '.join(old)}, it is the epoch of the highest validation accuracy."
+
+    def verdict(self) -> str:
+        """One sentence (Markdown): which models beat the task's strongest trivial baseline on the test set on every
+        seed (`learned_the_task`, chapter 9) and, when one does not, that the differences involving it are not evidence
+        at this preset (the HKT-MHA one among them when HKT or MHA fails); says so when no baselines file exists."""
+        from hkt_nb.lra.results import learned_the_task  # chapter 9's rule, the one the results chapter counts by
+
+        saved, where = self.baselines(), f"baselines/{self.task}-{self.preset.name}.json"
+        if not saved:
+            return (f"No trivial baselines are recorded for this task at preset `{self.preset.name}` ({where} is not in "
+                    "the results folder; chapter 4d fits them), so whether the models beat the strongest one is not "
+                    "checked, and no difference between them is read as evidence here.")
+        runs = {run_name(self.task, m, self.preset.name, s): r for (m, s), r in self.results.items()}
+        models = list(dict.fromkeys(m for m, _ in self.results))
+        status = {m: learned_the_task(runs, {self.task: saved}, self.task, m, self.preset.name,
+                                      tuple(s for model, s in self.results if model == m)) for m in models}
+        name = saved["strongest"]
+        bar = f"{name} ({100 * saved['baselines'][name]['test_acc']:.2f} % on the test set)"
+        passed = [m.upper() for m in models if status[m]["learned"]]
+        failed = [m for m in models if not status[m]["learned"]]
+        if not failed:
+            return (f"On the test set every model here ({_listed(passed)}) beats the strongest trivial baseline, "
+                    f"{bar}, on every seed.")
+        def at_or_below(m):  # "MHA 34.75 %, 34.20 % on seeds 0, 1"
+            seeds = status[m]["below"]
+            scores = ", ".join(f"{100 * status[m]['accuracies'][s]:.2f} %" for s in seeds)
+            return f"{m.upper()} {scores} on seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}"
+
+        if passed:
+            head = (f"On the test set {_listed(passed)} beat{'s' * (len(passed) == 1)} the strongest trivial baseline, "
+                    f"{bar}, on every seed; {_listed(m.upper() for m in failed)} "
+                    f"{'does' if len(failed) == 1 else 'do'} not")
+        else:
+            head = f"On the test set no model here beats the strongest trivial baseline, {bar}, on every seed"
+        among = (", the HKT–MHA difference among them"
+                 if {"hkt", "mha"} <= set(models) and {"hkt", "mha"} & set(failed) else "")
+        return (f"{head} (at or below it: {'; '.join(map(at_or_below, failed))}): at this preset a difference involving "
+                f"{_listed((m.upper() for m in failed), 'or')} is not evidence about the architectures{among}.")
+
+    def mix_moves(self) -> list[dict]:
+        "One row per run with HKT mixing weights (`mix_moves`): model, seed, max |lambda - 1/L|, max |g - 1/2|."
+        return [{"model": m, "seed": s, "max |λ − 1/L|": moves["lambda"], "max |g − 1/2|": moves["gate"]}
+                for (m, s), r in self.results.items() if (moves := mix_moves(r))["lambda"] is not None]
+
+    def mix_note(self, tolerance: float = UNIFORM_MIX_TOLERANCE) -> str:
+        """One sentence (Markdown): the largest move of the level weights and of the gates from their uniform initial
+        values over every run, layer and head (`mix_moves`), and whether it stayed within `tolerance` (near uniform)."""
+        rows = self.mix_moves()
+        if not rows:
+            return "No run here has HKT mixing weights."
+        parts, moved = [], []
+        for key, symbol, start in (("max |λ − 1/L|", "λ", "1/L"), ("max |g − 1/2|", "g", "1/2")):
+            largest = max(rows, key=lambda row: row[key])
+            parts.append(f"of any {symbol} from {start} is {largest[key]:.3f} ({largest['model'].upper()} seed "
+                         f"{largest['seed']})")
+            moved += [symbol] if largest[key] > tolerance else []
+        head = f"The largest move {' and '.join(parts)}, over layers and heads"
+        if not moved:
+            return (f"{head}: both are within {tolerance:g} (this book's convention for *near uniform*), so the mix "
+                    "stayed near its uniform initial value and the numbers above are not a learned preference for "
+                    "one scale or for attention over the convolution branch.")
+        kept = [s for s in ("λ", "g") if s not in moved]
+        return (f"{head}: {' and '.join(moved)} moved by more than {tolerance:g} (this book's convention for *near "
+                f"uniform*) in at least one run" + (f", while {kept[0]} stayed within it." if kept else "."))
 
     def plot(self):
-        "Validation accuracy and training loss per epoch of every run (needs matplotlib); returns the figure."
+        """Validation accuracy and training loss per epoch of every run (needs matplotlib); on the accuracy panel a
+        dashed line at the test share of the training majority class and, with a baselines file, a dotted one at the
+        strongest trivial baseline's validation accuracy. Returns the figure."""
         import matplotlib.pyplot as plt
-        figure, (accuracy_axis, loss_axis) = plt.subplots(1, 2, figsize=(9, 3.2))
+        from matplotlib.ticker import MaxNLocator
+        figure, (accuracy_axis, loss_axis) = plt.subplots(1, 2, figsize=(11, 3.4), layout="constrained")
         colors = {arm: f"C{i % 10}" for i, arm in enumerate(ARMS)}  # one colour per arm, in registry order
         for (model, seed), record in self.results.items():
             epochs = [h["epoch"] for h in record["history"]]
@@ -195,18 +357,44 @@ class Experiment:
             accuracy_axis.plot(epochs, [100 * h["val_acc"] for h in record["history"]], "o-", color=color, label=label)
             loss_axis.plot(epochs, [h["train_loss"] for h in record["history"]], "o-", color=color, label=label)
         majority = next(iter(self.results.values()))["majority_test_acc"]
-        accuracy_axis.axhline(100 * majority, color="gray", ls="--", lw=1, label="majority class")
+        accuracy_axis.axhline(100 * majority, color="gray", ls="--", lw=1, label="majority class (test share)")
+        baseline = self.baseline()
+        if baseline is not None:
+            accuracy_axis.axhline(100 * baseline["val_acc"], color="black", ls=":", lw=1.2,
+                                  label=f"{baseline['name']} (strongest baseline, validation)")
         accuracy_axis.set(xlabel="epoch", ylabel="validation accuracy (%)", title=f"{self.task}, preset {self.preset.name}")
         loss_axis.set(xlabel="epoch", ylabel="training loss (cross-entropy)", title="training loss")
-        accuracy_axis.legend(fontsize=8); loss_axis.legend(fontsize=8)
-        figure.tight_layout()
+        for axis in (accuracy_axis, loss_axis):
+            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        figure.legend(*accuracy_axis.get_legend_handles_labels(), loc="outside right center", fontsize=8)  # one, beside both
         return figure
 
 # %% ../../nbs/05b_runs.ipynb #998c9e44
+def _planned_time(task, models, preset: Preset, seeds, device, results_dir, finished: dict) -> str:
+    """The time line `run_experiment` prints before the runs: with every run finished (`finished`: (model, seed) ->
+    record or None), their recorded training time (`training_seconds`) and no estimate; else the estimate
+    (`estimated_time`) of the runs still to train, grouped by the seeds each model has left."""
+    records = [record for record in finished.values() if record is not None]
+    if len(records) == len(finished):
+        seconds = [training_seconds(record) for record in records]
+        return (f"all {len(records)} run(s) are finished and are loaded, nothing trains; their recorded training "
+                f"time: {duration(sum(seconds))} in all ({duration(min(seconds))} to {duration(max(seconds))} per run, "
+                "summed over the sessions of a resumed run)")
+    left = {}  # the seeds still to train -> the models that have exactly those left
+    for model in models:
+        seeds_left = tuple(seed for seed in seeds if finished[model, seed] is None)
+        if seeds_left:
+            left.setdefault(seeds_left, []).append(model)
+    lines = [estimated_time(task, group, preset, list(group_seeds), device, results_dir).replace(
+        str(results_dir), shown_path(results_dir)) for group_seeds, group in left.items()]
+    loaded = f" ({len(records)} of the {len(finished)} runs are finished and are loaded)" if records else ""
+    return "\n".join(lines) + loaded
+
+
 def run_experiment(
     task: str,  # "listops", "imdb" or "scifar10"
     *,
-    models=("hkt", "mha"),  # arms to compare (a list, or its text "[...]" as papermill's -p passes it)
+    models=None,  # arms to compare (a list, or its text "[...]" as papermill's -p passes it); None = the task's models
     preset: str = "smoke",  # a name of `PRESETS`
     seeds=None,  # None = the preset's seeds
     device: str = "auto",
@@ -214,18 +402,26 @@ def run_experiment(
     results_dir=None,  # finished runs here are loaded, new ones written here (None: `default_results_dir()`)
     retrain: bool = False,  # train even when a finished run of the same configuration exists
 ) -> Experiment:
-    """Check the parameters, print the setting, then load or train every (model, seed) run (chapters 6-8).
-    Raises TypeError / ValueError naming a bad parameter before any work; warns when the `paper` preset is
-    about to run on a CPU, with the estimated time."""
+    """Check the parameters, print the setting (the results folder relative to the repository, `shown_path`) and the
+    time: the recorded training time when every run is finished, else the estimate for the runs to train; then load
+    or train every (model, seed) run (chapters 6-8). `models=None` runs the task's own models (the registry, chapter
+    4c: ListOps' hierarchy ablation included). Raises TypeError / ValueError naming a bad parameter before any work;
+    warns when the `paper` preset is about to run on a CPU, with the estimated time."""
     params = check_experiment_parameters(task, models, preset, seeds, device, data_dir, results_dir, retrain)
     preset_object = get_preset(params["preset"])
     vocab_size, n_classes = task_sizes(task)
     experiment = Experiment(task, preset_object, {m: build_config(task, m, preset_object, vocab_size, n_classes)
-                                                  for m in params["models"]}, preset_object.train_config(task))
-    print(f"preset {preset_object.name!r}: {preset_object.why}\ntask {task}: T = {get_task(task).seq_len_for(preset_object.train_config(task).task_options)}, vocabulary "
+                                                  for m in params["models"]}, preset_object.train_config(task),
+                            results_dir=params["results_dir"])
+    seq_len = get_task(task).seq_len_for(preset_object.train_config(task).task_options)
+    where = shown_path(params["results_dir"])
+    where = where if Path(where).is_absolute() else f"the repository's {where}/"
+    print(f"preset {preset_object.name!r}: {preset_object.why}\ntask {task}: T = {seq_len}, vocabulary "
           f"{vocab_size}, {n_classes} classes; models {params['models']}, seeds {params['seeds']}; results in "
-          f"{params['results_dir']}", flush=True)
-    print(estimated_time(task, params["models"], preset_object, params["seeds"], device, params["results_dir"]),
+          f"{where}", flush=True)
+    finished = {(model, seed): reusable_run(task, model, preset_object, seed, params["results_dir"], params["retrain"])
+                for model in params["models"] for seed in params["seeds"]}
+    print(_planned_time(task, params["models"], preset_object, params["seeds"], device, params["results_dir"], finished),
           flush=True)
     for model in params["models"]:
         for seed in params["seeds"]:

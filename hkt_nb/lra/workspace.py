@@ -153,8 +153,9 @@ def estimate_seconds(
 ) -> float | None:  # seconds, or None without a record
     """Rough CPU training time of one run of `preset`, from the throughput recorded by a finished CPU run (`THROUGHPUT_PRESETS`) of the
     same task and model, scaled by the ratio of parameter counts (cost per token grows with the weights), by the
-    ratio of sequence lengths (tokens per example: linear, so a shorter T is slightly overestimated) and by the
-    number of examples seen. None when no such record exists."""
+    ratio of sequence lengths (tokens per example: linear, while attention's scores grow as T^2, so a longer T than
+    the record's is under-estimated and a shorter one over-estimated) and by the number of examples seen. None when
+    no such record exists."""
     from hkt_nb.model import count_parameters  # torch: only for an estimate
 
     preset = get_preset(preset)
