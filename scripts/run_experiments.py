@@ -1,11 +1,15 @@
 """Run the book's training runs in order of information per hour, skipping those already finished.
 
-    python scripts/run_experiments.py [--preset cpu] [--jobs 2] [--threads 1] [--only listops] [--dry-run]
+    python scripts/run_experiments.py [--preset cpu] [--jobs 2] [--threads 1] [--only listops] [--stop-at 21:20]
+                                      [--dry-run]
 
 Each run is one `hkt-train` process (resumable: it checkpoints every epoch, so a stopped queue loses at most
 the epoch in progress). `--jobs` processes run at once, each with `--threads` torch threads; on a 2-core
 machine two single-thread processes train more examples per second than one two-thread process (see
 `results/bench_threads_cpu.json`). Logs go to `<results>/logs/<run>.log` (not committed).
+`--stop-at HH:MM` (UTC, today or, if past, tomorrow) starts no run whose estimated training time (chapter 5f's
+`estimate_seconds`, times `SAFETY`) would end after it: a run of one long epoch that a stopped session would cut
+short loses that epoch, so it waits for the next queue instead.
 """
 from __future__ import annotations
 
@@ -29,9 +33,33 @@ def plan() -> list[tuple[str, str]]:
     return experiment_plan()
 
 
+SAFETY = 1.3  # the estimate is rough (a busy machine, T scaled linearly): a run starts only if 1.3x it fits
+
+
+def fits_before(deadline: float | None,  # epoch seconds, or None: no deadline
+                estimate_s: float | None,  # the run's estimated training time, or None when no record gives one
+                now: float) -> bool:
+    "Whether a run may start: no deadline, or an estimate whose `SAFETY` multiple ends before it (no estimate: no)."
+    if deadline is None:
+        return True
+    return estimate_s is not None and now + SAFETY * estimate_s <= deadline
+
+
+def parse_stop_at(text: str | None, now: float) -> float | None:
+    "`HH:MM` (UTC) as epoch seconds: today's, or tomorrow's when today's has passed; None for None."
+    if text is None:
+        return None
+    import datetime as dt
+
+    hours, minutes = (int(x) for x in text.split(":"))
+    today = dt.datetime.fromtimestamp(now, dt.timezone.utc).replace(hour=hours, minute=minutes, second=0, microsecond=0)
+    stamp = today.timestamp()
+    return stamp if stamp > now else stamp + 86400
+
+
 def queue(preset: str, only: set[str] | None, results_dir: Path) -> list[tuple[str, str, int]]:
     "The runs still to do: every (task, model, seed) of `plan()` and the preset's seeds without a finished record."
-    from hkt_nb.lra.config import get_preset, run_name
+    from hkt_nb.lra.config import get_preset
     from hkt_nb.lra.runs import finished_run
     from hkt_nb.lra.tasks import get_task
     runs = plan()
@@ -55,11 +83,14 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--only", nargs="*", default=None, help="tasks to run (default: all)")
     p.add_argument("--results-dir", default="results")
+    p.add_argument("--stop-at", default=None, help="HH:MM UTC: start no run estimated to end after it")
     p.add_argument("--dry-run", action="store_true", help="print the queue and exit")
     a = p.parse_args()
+    deadline = parse_stop_at(a.stop_at, time.time())
     results_dir = Path(a.results_dir)
     todo = queue(a.preset, set(a.only) if a.only else None, results_dir)
     from hkt_nb.lra.config import run_name
+    from hkt_nb.lra.workspace import estimate_seconds
     print(f"{len(todo)} runs to do: " + ", ".join(f"{t}-{m}-seed{s}" for t, m, s in todo), flush=True)
     if a.dry_run:
         return
@@ -69,6 +100,11 @@ def main() -> None:
         while todo and len(running) < a.jobs:
             task, model, seed = todo.pop(0)
             name = run_name(task, model, a.preset, seed)
+            estimate = estimate_seconds(task, model, a.preset, results_dir) if deadline is not None else None
+            if not fits_before(deadline, estimate, time.time()):
+                print(f"not started {name}: estimated {'?' if estimate is None else f'{estimate / 60:.0f}'} min "
+                      f"(x{SAFETY}) would end after --stop-at {a.stop_at}", flush=True)
+                continue
             cmd = [sys.executable, "-m", "hkt_nb.lra.runs", "--task", task, "--model", model, "--preset", a.preset,
                    "--seed", str(seed), "--device", "cpu", "--threads", str(a.threads), "--no-progress",
                    "--results-dir", str(results_dir)]

@@ -226,6 +226,17 @@ def test_scripts_read_chapters_and_queue_from_the_registry(build_book, repo_root
         runner.queue("cpu", {"pathfinder"}, tmp_path)
 
 
+def test_queue_deadline_starts_only_runs_that_fit(repo_root):
+    runner = _script(repo_root, "run_experiments")
+    assert runner.fits_before(None, None, 0.0)  # no deadline: everything starts
+    assert runner.fits_before(1000.0, 1000.0 / runner.SAFETY, 0.0) and not runner.fits_before(1000.0, 800.0, 0.0)
+    assert not runner.fits_before(1000.0, None, 0.0)  # no estimate: not started before a deadline
+    now = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
+    assert runner.parse_stop_at("23:00", now) == now + 46 * 60 + 40
+    assert runner.parse_stop_at("22:00", now) == now + 86400 - 13 * 60 - 20  # passed today: tomorrow's
+    assert runner.parse_stop_at(None, now) is None
+
+
 def test_seq_len_for_follows_the_task_options():
     "T comes from the task's options (ListOps' setting), the defaults when none are given; unknown options are refused."
     listops = T.get_task("listops")
