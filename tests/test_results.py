@@ -557,3 +557,25 @@ def test_seeds_as_replicates_is_the_one_sample_t_test_of_the_per_seed_difference
     assert seeds_as_replicates([{"difference": 0.02}])["p_value"] is None  # one seed: no spread
     assert seeds_as_replicates([{"difference": 0.02}] * 3)["p_value"] is None  # identical differences
     assert seeds_as_replicates([None, None])["n"] == 0
+
+
+def test_flips_along_finds_where_the_walk_changes_the_outcome():
+    "Beyond the exhaustive search: the walk's count is exact along its direction (known answers, both neighbours)."
+    from hkt_nb.lra.results import flips_along, flips_to, margin_along, seed_outcome
+
+    close = {"only_a": 15, "only_b": 4, "n": 200, "seed": 0}
+    assert flips_along(close) == flips_to(close) == 2 == margin_along([close])
+    big = {"only_a": 600, "only_b": 470, "n": 10_000, "seed": 0}
+    k = flips_along(big)
+    assert k > 5 and seed_outcome(600, 470 + k, 10_000) == 0 and seed_outcome(600, 470 + k - 1, 10_000) == 1
+    mirror = {"only_a": 470, "only_b": 600, "n": 10_000, "seed": 0}  # B's win, undone by adding to n_10
+    assert flips_along(mirror) == k
+    tie = {"only_a": 500, "only_b": 500, "n": 10_000, "seed": 0}
+    m = flips_along(tie, 1)
+    assert seed_outcome(500, 500 - m, 10_000) == 1 and seed_outcome(500, 501 - m, 10_000) == 0
+    assert flips_along(tie, 1) == flips_along(tie, -1)  # symmetric counts, symmetric walks
+    assert margin_along([big, tie]) == m and margin_along([]) is None
+    with pytest.raises(ValueError, match="nothing to undo"):
+        flips_along(tie)
+    tiny = {"only_a": 0, "only_b": 0, "n": 3, "seed": 0}  # three examples cannot make anything significant
+    assert flips_along(tiny, 1) is None

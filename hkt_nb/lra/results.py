@@ -7,9 +7,9 @@ __all__ = ['EXPECTED_MODELS', 'PAIRS', 'PAPER_REPORTED', 'ALPHA', 'VERDICT_RULES
            'fetch_committed_results', 'run_name', 'load_runs', 'load_predictions', 'copy_finished_runs',
            'binomial_two_sided_p', 'mcnemar_exact', 'mcnemar_power', 'paired_bootstrap', 'pooled_paired_bootstrap',
            'correctness_correlation', 'standard_errors', 'compare_on_seed', 'seed_summary', 'verdict', 'seed_outcome',
-           'flips_to', 'verdict_margin', 'learned_the_task', 'counted_verdict', 'seeds_as_replicates',
-           'pooled_comparison', 'grid_status', 'complete_tasks', 'choose_preset', 'task_scales', 'results_summary',
-           'summary_markdown', 'established_sentences', 'run_grid']
+           'flips_to', 'verdict_margin', 'flips_along', 'margin_along', 'learned_the_task', 'counted_verdict',
+           'seeds_as_replicates', 'pooled_comparison', 'grid_status', 'complete_tasks', 'choose_preset', 'task_scales',
+           'results_summary', 'summary_markdown', 'established_sentences', 'run_grid']
 
 # %% ../../nbs/09_results.ipynb #87d7b9c2
 import math
@@ -418,6 +418,76 @@ def verdict_margin(comparisons: list,  # per-seed dicts from `compare_on_seed` (
         margin, per_seed = min(reachable) if reachable else (None, per_direction[0][1])
     return {"margin": margin, "per_seed": per_seed, "survives_one_change": True if margin is None else margin > 1,
             "max_flips": max_flips}
+
+# %% ../../nbs/09_results.ipynb #4fd2f6d0
+def flips_along(comparison: dict,  # from `compare_on_seed` (only_a, only_b, n, seed)
+                target: int | None = None,  # +1 (A wins), -1 (B wins); None: undo the seed's current win
+                alpha: float = ALPHA,
+                ) -> int | None:
+    """Changes along the cheapest single direction after which the seed's `seed_outcome` is `target` (None: no longer
+    the current win): 0 if it already is, None if the direction runs out of examples first. Raises ValueError for
+    `target=None` on a seed without a win (outcome 0: there is nothing to undo)."""
+    a, b, n, seed = comparison["only_a"], comparison["only_b"], comparison["n"], comparison.get("seed", 0)
+    now = seed_outcome(a, b, n, alpha, seed)
+    if target is None and now == 0:
+        raise ValueError("target=None undoes a win, and this seed has none: nothing to undo; pass target=+1 or -1")
+    if target is not None and now == target:
+        return 0
+
+    def counts(k):  # (n_10, n_01) after k changes, None past the last possible one
+        if target is None:
+            out = (a, b + k) if now == 1 else (a + k, b)
+        elif target == 1:
+            out = (a + max(0, k - b), max(0, b - k))
+        else:
+            out = (max(0, a - k), b + max(0, k - a))
+        return out if sum(out) <= n else None
+
+    def reached(k):
+        c = counts(k)
+        if c is None:
+            return None
+        outcome = seed_outcome(*c, n, alpha, seed)
+        return outcome != now if target is None else outcome == target
+
+    hi = 1
+    while (r := reached(hi)) is False:
+        hi *= 2
+    if r is None:  # ran out: bisect for the last valid k, then check it
+        lo_valid, hi_invalid = hi // 2, hi
+        while hi_invalid - lo_valid > 1:
+            mid = (lo_valid + hi_invalid) // 2
+            lo_valid, hi_invalid = (mid, hi_invalid) if counts(mid) is not None else (lo_valid, mid)
+        if not reached(lo_valid):
+            return None
+        hi = lo_valid
+    lo = hi // 2  # reached(lo) is False (or lo = 0: the current outcome)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if reached(mid) else (mid, hi)
+    return hi
+
+
+def margin_along(comparisons: list,  # per-seed dicts from `compare_on_seed` (None entries are ignored)
+                 alpha: float = ALPHA,
+                 ) -> int | None:
+    """`verdict_margin`'s count with `flips_along` in place of the exhaustive search, for margins beyond its
+    `max_flips`: a decided verdict, the fewest changes that undo one seed's win; an inconclusive one, the cheaper
+    direction's total over the seeds of making every seed significant. None without comparisons, or when no
+    direction reaches its target."""
+    done = [c for c in comparisons if c is not None]
+    if not done:
+        return None
+    outcomes = [seed_outcome(c["only_a"], c["only_b"], c["n"], alpha, c.get("seed", 0)) for c in done]
+    if len(set(outcomes)) == 1 and outcomes[0] != 0:
+        found = [k for k in (flips_along(c, None, alpha) for c in done) if k is not None]
+        return min(found) if found else None
+    totals = []
+    for direction in (1, -1):
+        need = [flips_along(c, direction, alpha) for c in done]
+        if None not in need:
+            totals.append(sum(need))
+    return min(totals) if totals else None
 
 # %% ../../nbs/09_results.ipynb #fd55562a
 WHAT_IS_COMPARED = {  # what a comparison of two arms changes (chapter 3 and the ablation section below)
