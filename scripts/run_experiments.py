@@ -7,6 +7,8 @@ Each run is one `hkt-train` process (resumable: it checkpoints every epoch, so a
 the epoch in progress). `--jobs` processes run at once, each with `--threads` torch threads; on a 2-core
 machine two single-thread processes train more examples per second than one two-thread process (see
 `results/bench_threads_cpu.json`). Logs go to `<results>/logs/<run>.log` (not committed).
+On the `cpu` preset a task whose pilot (chapter 5g) has not decided gets only its seed-0 runs, which are the pilot
+runs of its grid candidate; run the queue again once they have finished.
 `--stop-at HH:MM` (UTC, today or, if past, tomorrow) starts no run whose estimated training time (chapter 5f's
 `estimate_seconds`, times `SAFETY`) would end after it: a run of one long epoch that a stopped session would cut
 short loses that epoch, so it waits for the next queue instead.
@@ -57,18 +59,38 @@ def parse_stop_at(text: str | None, now: float) -> float | None:
     return stamp if stamp > now else stamp + 86400
 
 
+def plan_tasks() -> list[str]:
+    "The tasks of `plan()`, in order."
+    return list(dict.fromkeys(task for task, _ in plan()))
+
+
+def undecided(preset: str, results_dir: Path) -> set[str]:
+    """The tasks whose pilot has not decided (chapter 5g, `pilot_decision`) when `preset` is `cpu`, the preset the pilot
+    sizes; no task for any other preset. Their grid waits: only their seed-0 runs (the pilot runs of a grid
+    candidate) are queued until the pilot decides, and a later call of the queue picks up the other seeds."""
+    if preset != "cpu":
+        return set()
+    from hkt_nb.lra.pilot import load_pilot, pilot_decision
+
+    return {task for task, d in pilot_decision(*load_pilot(results_dir)).items() if not d["decided"]}
+
+
 def queue(preset: str, only: set[str] | None, results_dir: Path) -> list[tuple[str, str, int]]:
-    "The runs still to do: every (task, model, seed) of `plan()` and the preset's seeds without a finished record."
+    """The runs still to do: every (task, model, seed) of `plan()` and the preset's seeds without a finished record;
+    for a task whose pilot has not decided (`undecided`), seed 0 only."""
     from hkt_nb.lra.config import get_preset
     from hkt_nb.lra.runs import finished_run
     from hkt_nb.lra.tasks import get_task
     runs = plan()
     for task in only or ():
         get_task(task)  # KeyError listing the registered tasks
+    waiting = undecided(preset, results_dir)
     todo = []
     for seed in get_preset(preset).seeds:  # seed-major inside a task: three seeds of a pair beat six of one
         for task, model in runs:
             if only and task not in only:
+                continue
+            if task in waiting and seed != 0:
                 continue
             if finished_run(task, model, preset, seed, results_dir) is None:
                 todo.append((task, model, seed))
@@ -91,6 +113,9 @@ def main() -> None:
     todo = queue(a.preset, set(a.only) if a.only else None, results_dir)
     from hkt_nb.lra.config import run_name
     from hkt_nb.lra.workspace import estimate_seconds
+    waiting = undecided(a.preset, results_dir) & (set(a.only) if a.only else set(plan_tasks()))
+    if waiting:
+        print("waiting for the pilot (seed 0 only): " + ", ".join(sorted(waiting)), flush=True)
     print(f"{len(todo)} runs to do: " + ", ".join(f"{t}-{m}-seed{s}" for t, m, s in todo), flush=True)
     if a.dry_run:
         return

@@ -520,7 +520,7 @@ def test_each_task_is_summarised_at_the_largest_preset_where_its_grid_is_complet
     assert "hkt against hkt_l1 is not decided" not in text  # decided too in this toy: 0.6 against 0.45 on every seed
     assert ("nor anything on sequential CIFAR-10 and IMDB characters: at the small `cpu_small` scale a model does not "
             "beat the task's strongest trivial baseline (") in text
-    assert "on every seed; their `cpu` grid has not started." in text
+    assert "on every seed; their `cpu` grid has no finished run yet." in text
     explicit = established_sentences(tmp_path, "cpu")
     assert "nor at the `cpu` scale on sequential CIFAR-10 and IMDB characters (not run yet)" in explicit
     with pytest.raises(KeyError, match="unknown tasks"):

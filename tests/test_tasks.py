@@ -217,10 +217,16 @@ def test_scripts_read_chapters_and_queue_from_the_registry(build_book, repo_root
     assert _script(repo_root, "tag_cells").chapters() == (*T.chapters(), "09_results", "10_cost")
     runner = _script(repo_root, "run_experiments")
     assert runner.plan() == T.experiment_plan()
-    todo = runner.queue("cpu", None, tmp_path)  # an empty results folder: every run of the plan, three seeds each
+    todo = runner.queue("cpu_small", None, tmp_path)  # an empty results folder: every run of the plan, three seeds each
     assert len(todo) == len(T.experiment_plan()) * len(T.SEEDS)
     assert [task for task, _, _ in todo] == sorted((t for t, _, _ in todo), key=list(T.BENCHMARKS).index)
     assert todo[:4] == [("listops", m, 0) for m in ("hkt", "mha", "hkt_l1", "hkt_l2")]
+    # at `cpu` no pilot has decided in an empty folder: seed 0 only, the pilot runs of the grid candidates
+    assert runner.queue("cpu", None, tmp_path) == [r for r in todo if r[2] == 0]
+    assert runner.undecided("cpu", tmp_path) == set(T.BENCHMARKS) and runner.undecided("cpu_small", tmp_path) == set()
+    # the committed pilot has decided ListOps (its whole grid is finished: nothing to do)
+    assert "listops" not in runner.undecided("cpu", REPO / "results")
+    assert runner.queue("cpu", {"listops"}, REPO / "results") == []
     assert {task for task, _, _ in runner.queue("cpu", {"imdb"}, tmp_path)} == {"imdb"}
     with pytest.raises(KeyError, match="task"):
         runner.queue("cpu", {"pathfinder"}, tmp_path)
@@ -229,7 +235,8 @@ def test_scripts_read_chapters_and_queue_from_the_registry(build_book, repo_root
 def test_queue_deadline_starts_only_runs_that_fit(repo_root):
     runner = _script(repo_root, "run_experiments")
     assert runner.fits_before(None, None, 0.0)  # no deadline: everything starts
-    assert runner.fits_before(1000.0, 1000.0 / runner.SAFETY, 0.0) and not runner.fits_before(1000.0, 800.0, 0.0)
+    assert runner.fits_before(1000.0, 1000.0 / runner.SAFETY - 1.0, 0.0)
+    assert not runner.fits_before(1000.0, 1000.0 / runner.SAFETY + 1.0, 0.0)
     assert not runner.fits_before(1000.0, None, 0.0)  # no estimate: not started before a deadline
     now = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
     assert runner.parse_stop_at("23:00", now) == now + 46 * 60 + 40

@@ -10,7 +10,8 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['PILOT_CANDIDATES', 'PILOT_MODELS', 'PILOT_N_VAL', 'PILOT_N_TEST', 'PILOT_MARGIN', 'pilot_dir', 'grid_candidate',
-           'load_pilot', 'kept_epoch', 'training_seconds', 'training_tokens', 'pilot_margins', 'choose_candidates']
+           'load_pilot', 'kept_epoch', 'training_seconds', 'training_tokens', 'pilot_margins', 'choose_candidates',
+           'pilot_decision']
 
 # %% ../../nbs/05g_pilot.ipynb #bb65026c
 #: name (examples seen) -> (task, the task's data options, T, `TrainConfig` overrides), in the order they are run
@@ -118,3 +119,22 @@ def choose_candidates(records: dict, baselines: dict, margin: float = PILOT_MARG
         if chosen[task] is None or training_tokens(candidate) < training_tokens(chosen[task]):
             chosen[task] = candidate
     return chosen
+
+# %% ../../nbs/05g_pilot.ipynb #a3179119
+def pilot_decision(records: dict, baselines: dict, margin: float = PILOT_MARGIN) -> dict:
+    """{task: {"chosen", "qualified", "failed", "pending", "decided"}} for every task of `PILOT_CANDIDATES`. A candidate
+    *qualifies* when every model of `PILOT_MODELS` has a record and beats the strongest baseline on validation by
+    `margin`; it *fails* as soon as one model with a record (and baselines) is below that; otherwise it is *pending*.
+    `chosen` is `choose_candidates`'. A task is `decided` when it has a chosen candidate and no pending one is cheaper
+    (`training_tokens`), or when every candidate has failed (then it is excluded from the verdicts)."""
+    margins, chosen, out = pilot_margins(records, baselines), choose_candidates(records, baselines, margin), {}
+    for task in dict.fromkeys(spec[0] for spec in PILOT_CANDIDATES.values()):
+        candidates = [c for c in PILOT_CANDIDATES if PILOT_CANDIDATES[c][0] == task]
+        failed = [c for c in candidates if any(margins.get((c, m), margin) < margin for m in PILOT_MODELS)]
+        qualified = [c for c in candidates if c not in failed and all((c, m) in margins for m in PILOT_MODELS)]
+        pending = [c for c in candidates if c not in failed and c not in qualified]
+        pick = chosen[task]
+        decided = (not any(training_tokens(c) < training_tokens(pick) for c in pending) if pick is not None
+                   else not qualified and not pending)
+        out[task] = {"chosen": pick, "qualified": qualified, "failed": failed, "pending": pending, "decided": decided}
+    return out

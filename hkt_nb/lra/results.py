@@ -751,8 +751,8 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
         if s["preset"] != shown:
             done = sum(status[shown][t][0] for t in tasks)
             total = sum(status[shown][t][1] for t in tasks)
-            pending = (f"; their `{shown}` grid has not started" if not done else
-                       f"; their `{shown}` grid has {done} of its {total} runs")
+            pending = (f"; their `{shown}` grid has no finished run yet" if not done else
+                       f"; their `{shown}` grid has {done} of its {total} runs finished")
         else:
             pending = ""
         where = "; ".join(setting(s, t) for t in tasks)

@@ -336,9 +336,9 @@ class Experiment:
             moved += [symbol] if largest[key] > tolerance else []
         head = f"The largest move {' and '.join(parts)}, over layers and heads"
         if not moved:
-            return (f"{head}: both are within {tolerance:g} (this book's convention for *near uniform*), so the mix "
-                    "stayed near its uniform initial value and the numbers above are not a learned preference for "
-                    "one scale or for attention over the convolution branch.")
+            return (f"{head}: both moved less than {tolerance:g} from their uniform start (this book's convention for "
+                    "*near uniform*, not a test), so these numbers do not show a learned preference for one scale or "
+                    "for attention over the convolution branch.")
         kept = [s for s in ("λ", "g") if s not in moved]
         return (f"{head}: {' and '.join(moved)} moved by more than {tolerance:g} (this book's convention for *near "
                 f"uniform*) in at least one run" + (f", while {kept[0]} stayed within it." if kept else "."))
