@@ -10,8 +10,7 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['PILOT_CANDIDATES', 'PILOT_MODELS', 'PILOT_N_VAL', 'PILOT_N_TEST', 'PILOT_MARGIN', 'pilot_dir', 'grid_candidate',
-           'load_pilot', 'kept_epoch', 'training_seconds', 'training_tokens', 'pilot_margins', 'choose_candidates',
-           'pilot_decision']
+           'load_pilot', 'kept_epoch', 'training_tokens', 'pilot_margins', 'choose_candidates', 'pilot_decision']
 
 # %% ../../nbs/05g_pilot.ipynb #bb65026c
 #: name (examples seen) -> (task, the task's data options, T, `TrainConfig` overrides), in the order they are run
@@ -83,11 +82,6 @@ def load_pilot(results_dir) -> tuple[dict, dict]:
 def kept_epoch(record: dict) -> dict:
     "The history line of the epoch a run keeps: lowest validation loss (ties: the earliest)."
     return min(record["history"], key=lambda h: (h["val_loss"], h["epoch"]))
-
-
-def training_seconds(record: dict) -> float:
-    "Training time of a run in seconds, summed over its epochs (so over every session that resumed it)."
-    return float(sum(h["train_time_s"] for h in record["history"]))
 
 
 def training_tokens(candidate: str) -> int:
