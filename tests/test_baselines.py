@@ -166,3 +166,35 @@ def test_committed_cpu_baselines_match_their_predictions(task, preset):
     run = RESULTS / "predictions" / f"{task}-hkt-{preset}-seed0.npz"
     if run.exists():
         assert np.array_equal(np.load(run)["labels"], saved["labels"])
+
+
+def test_saved_baseline_predictions_read_back_and_a_damaged_file_is_named(tmp_path):
+    from hkt_nb.lra.records import UnreadableRecordError
+
+    labels, pred = np.array([0, 1, 1, 0]), np.array([0, 0, 1, 0])
+    B.save_baselines({"task": "imdb", "preset": "cpu", "strongest": "rule", "test_labels": labels,
+                      "baselines": {"rule": {"val_acc": 0.75, "test_acc": 0.75}}, "predictions": {"rule": pred}},
+                     tmp_path)
+    path = B.baseline_predictions_path(tmp_path, "imdb", "cpu", "rule")
+    assert path == tmp_path / "baselines" / "predictions" / "imdb-cpu-rule.npz" and path.is_file()
+    back_pred, back_labels = B.load_baseline_predictions(tmp_path, "imdb", "cpu", "rule")
+    assert back_pred.tolist() == [0, 0, 1, 0] and back_labels.tolist() == [0, 1, 1, 0]
+    assert B.load_baseline_predictions(tmp_path, "imdb", "cpu", "other") is None
+    path.write_bytes(b"not a zip")
+    with pytest.raises(UnreadableRecordError, match="imdb-cpu-rule.npz"):
+        B.load_baseline_predictions(tmp_path, "imdb", "cpu", "rule")
+
+
+def test_the_committed_baseline_predictions_score_their_recorded_accuracy():
+    "Each committed baseline's saved test predictions reproduce the test accuracy its JSON records."
+    results = Path(__file__).resolve().parents[1] / "results"
+    checked = 0
+    for preset in ("cpu", "cpu_small"):
+        for task, saved in B.load_baselines(results, preset).items():
+            for name, fit in saved["baselines"].items():
+                loaded = B.load_baseline_predictions(results, task, preset, name)
+                if loaded is not None:
+                    assert np.mean(loaded[0] == loaded[1]) == pytest.approx(fit["test_acc"], abs=1e-9), (task, name)
+                    checked += 1
+    if not checked:
+        pytest.skip("no committed baseline predictions")

@@ -487,7 +487,7 @@ def _write_grid(folder, task, preset, accuracies, labels):
 
 def _write_baseline(folder, task, preset, accuracy):
     (folder / "baselines").mkdir(exist_ok=True)
-    saved = {"task": task, "preset": preset, "strongest": "rule", "baselines": {"rule": {"test_acc": accuracy}}}
+    saved = {"task": task, "preset": preset, "strongest": "rule", "baselines": {"rule": {"val_acc": accuracy, "test_acc": accuracy}}}
     (folder / "baselines" / f"{task}-{preset}.json").write_text(json.dumps(saved))
 
 
@@ -579,3 +579,94 @@ def test_flips_along_finds_where_the_walk_changes_the_outcome():
         flips_along(tie)
     tiny = {"only_a": 0, "only_b": 0, "n": 3, "seed": 0}  # three examples cannot make anything significant
     assert flips_along(tiny, 1) is None
+
+
+def _save_baseline_with_predictions(folder, task, preset, labels, predictions):
+    from hkt_nb.lra.baselines import save_baselines
+
+    acc = float((predictions == labels).mean())
+    save_baselines({"task": task, "preset": preset, "strongest": "rule", "test_labels": labels,
+                    "baselines": {"rule": {"val_acc": acc, "test_acc": acc}}, "predictions": {"rule": predictions}},
+                   folder)
+
+
+def test_against_baseline_is_mcnemar_of_each_run_against_the_strongest_baseline(tmp_path):
+    from hkt_nb.lra.baselines import load_baselines
+    from hkt_nb.lra.results import against_baseline
+
+    labels = np.arange(1000) % 2
+    baseline = labels.copy()
+    baseline[:300] = 1 - labels[:300]  # the baseline is wrong on the first 300 examples
+    _save_baseline_with_predictions(tmp_path, "imdb", "cpu", labels, baseline)
+    runs = {}
+    for seed in SEEDS:
+        name = _write_run(tmp_path, "imdb", "hkt", seed, 0.9, labels)  # right on the first 900 examples
+        runs[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    tests = against_baseline(tmp_path, runs, load_baselines(tmp_path, "cpu"), "imdb", "hkt", "cpu")
+    assert sorted(tests) == list(SEEDS)
+    for c in tests.values():  # only the run right on 0..299, only the baseline on 900..999
+        assert (c["only_a"], c["only_b"], c["n"]) == (300, 100, 1000) and c["difference"] == pytest.approx(0.2)
+        assert c["p_value"] == pytest.approx(stats.binomtest(100, 400).pvalue)
+    assert against_baseline(tmp_path, runs, {}, "imdb", "hkt", "cpu") == {}
+    assert against_baseline(tmp_path, runs, load_baselines(tmp_path, "cpu"), "imdb", "mha", "cpu") == {}
+    _save_baseline_with_predictions(tmp_path, "imdb", "cpu", 1 - labels, baseline)  # another test set
+    with pytest.raises(ValueError, match="not scored on the same test labels"):
+        against_baseline(tmp_path, runs, load_baselines(tmp_path, "cpu"), "imdb", "hkt", "cpu")
+
+
+def _write_pilot(folder, candidates, accuracies, bar=0.30):
+    "Pilot records of `candidates` (model -> validation accuracy) and their baselines (strongest at `bar`)."
+    for candidate in candidates:
+        fit = {"strongest": "rule", "baselines": {"rule": {"val_acc": bar, "test_acc": bar}}}
+        (folder / "pilot").mkdir(exist_ok=True)
+        (folder / "pilot" / f"baselines-{candidate}.json").write_text(json.dumps(fit))
+        for model, acc in accuracies.items():
+            (folder / "pilot" / f"{candidate}-{model}.json").write_text(json.dumps(
+                {"complete": True, "test_acc": acc, "history": [{"epoch": 1, "val_acc": acc, "val_loss": 1.0}]}))
+
+
+def test_pilot_exclusions_follow_the_pilot_decision(tmp_path):
+    from hkt_nb.lra.pilot import PILOT_CANDIDATES
+    from hkt_nb.lra.results import pilot_exclusions
+
+    def of(task):
+        return [c for c, spec in PILOT_CANDIDATES.items() if spec[0] == task]
+
+    assert pilot_exclusions(tmp_path, "cpu") == {}  # no pilot records
+    _write_pilot(tmp_path, of("scifar10"), {"hkt": 0.40, "mha": 0.32})  # mha +2 points: every candidate fails
+    _write_pilot(tmp_path, of("imdb")[:1], {"hkt": 0.40, "mha": 0.32})  # one failed, the other still pending
+    _write_pilot(tmp_path, of("listops")[:1], {"hkt": 0.40, "mha": 0.36})  # +10 and +6: chosen
+    excluded = pilot_exclusions(tmp_path, "cpu")
+    assert list(excluded) == ["scifar10"] and ", ".join(of("scifar10")) in excluded["scifar10"]
+    assert pilot_exclusions(tmp_path, "cpu_small") == {} and pilot_exclusions(tmp_path, "paper") == {}
+
+
+def test_a_task_the_pilot_excludes_is_excluded_even_above_its_baseline(tmp_path):
+    from hkt_nb.lra.pilot import PILOT_CANDIDATES
+    from hkt_nb.lra.results import established_sentences, results_summary, summary_markdown
+
+    labels = np.arange(1000) % 10
+    _write_grid(tmp_path, "scifar10", "cpu", {"hkt": 0.6, "mha": 0.4}, labels)
+    _write_baseline(tmp_path, "scifar10", "cpu", 0.3)  # both above it on the test set
+    assert results_summary(tmp_path, "cpu", ["scifar10"])["rows"][0]["counted"] == "hkt better than mha"
+    _write_pilot(tmp_path, [c for c, spec in PILOT_CANDIDATES.items() if spec[0] == "scifar10"],
+                 {"hkt": 0.40, "mha": 0.32})
+    summary = results_summary(tmp_path, "cpu", ["scifar10"])
+    assert summary["rows"][0]["counted"].startswith("excluded (the pilot (chapter 5g) found no setting")
+    assert list(summary["pilot"]) == ["scifar10"]
+    assert "so the task is excluded from the verdicts." in summary_markdown(summary)
+    text = established_sentences(tmp_path, "cpu")
+    assert ("nor anything on sequential CIFAR-10: no setting within the CPU budget let both models beat the task's "
+            "strongest trivial baseline on validation by the pilot's margin") in text
+    assert "CIFAR" not in text.split(" Not established")[0]
+
+
+def test_the_committed_pilot_excludes_scifar10_at_cpu():
+    "Both sCIFAR-10 candidates failed in the committed pilot (chapter 5g): the task is out of the `cpu` verdicts."
+    from hkt_nb.lra.pilot import load_pilot
+    from hkt_nb.lra.results import pilot_exclusions
+
+    records, _ = load_pilot(RESULTS)
+    if ("scifar10-45k", "mha") not in records:
+        pytest.skip("no committed sCIFAR-10 pilot")
+    assert "scifar10" in pilot_exclusions(RESULTS, "cpu") and "listops" not in pilot_exclusions(RESULTS, "cpu")

@@ -464,3 +464,19 @@ def test_planned_time_estimates_only_the_runs_left_to_train():
     lines = _planned_time("scifar10", ["hkt", "mha"], preset, [0, 1], "cpu", REPO / "results", finished).splitlines()
     assert len(lines) == 2 and "for 1 run(s)" in lines[0] and "for 2 run(s)" in lines[1]
     assert lines[1].endswith("(1 of the 4 runs are finished and are loaded)")
+
+
+def test_verdict_says_when_the_pilot_excludes_the_task():
+    "A task every pilot candidate failed (sCIFAR-10 at `cpu`) is excluded even where its runs end above the baseline."
+    from hkt_nb.lra.results import pilot_exclusions
+    from hkt_nb.lra.runs import Experiment
+
+    preset = get_preset("cpu")
+    records = {(m, 0): finished_run("scifar10", m, preset, 0, REPO / "results") for m in ("hkt", "mha")}
+    if None in records.values() or "scifar10" not in pilot_exclusions(REPO / "results", "cpu"):
+        pytest.skip("no committed sCIFAR-10 cpu seed-0 runs, or the pilot does not exclude the task")
+    text = Experiment("scifar10", preset, {}, preset.train_config("scifar10"), records, REPO / "results").verdict()
+    assert text.endswith(" The task is excluded from the results chapter's verdicts at this preset: "
+                         + pilot_exclusions(REPO / "results", "cpu")["scifar10"] + ".")
+    listops = _committed_experiment("listops", "cpu", ("hkt", "mha", "hkt_l1", "hkt_l2"))
+    assert "excluded" not in listops.verdict()  # the pilot chose ListOps' setting

@@ -23,7 +23,8 @@ __all__ = ['SPLITS', 'C_GRID', 'HISTOGRAM_BINS', 'BIGRAM_BUCKETS', 'pixel_softma
            'byte_unigram_baseline', 'byte_bigram_baseline', 'BASELINES', 'split_sequences', 'majority_baseline',
            'root_operator', 'root_operator_baseline', 'choose_on_validation', 'linear_baseline', 'pixel_features',
            'histogram_features', 'byte_unigram_features', 'byte_bigram_features', 'baseline_splits', 'library_versions',
-           'strongest_baseline', 'fit_threads', 'fit_baselines', 'baseline_path', 'save_baselines', 'load_baselines']
+           'strongest_baseline', 'fit_threads', 'fit_baselines', 'baseline_path', 'baseline_predictions_path',
+           'load_baseline_predictions', 'save_baselines', 'load_baselines']
 
 # %% ../../nbs/04d_baselines.ipynb #b4a09714
 def split_sequences(split) -> tuple[list[np.ndarray], np.ndarray]:
@@ -307,6 +308,21 @@ def baseline_path(results_dir, task: str, preset: str):
     return Path(results_dir) / "baselines" / f"{task}-{preset}.json"
 
 
+def baseline_predictions_path(results_dir, task: str, preset: str, name: str):
+    "`<results_dir>/baselines/predictions/<task>-<preset>-<name>.npz`: one baseline's test predictions and labels."
+    return baseline_path(results_dir, task, preset).parent / "predictions" / f"{task}-{preset}-{name}.npz"
+
+
+def load_baseline_predictions(results_dir, task: str, preset: str, name: str) -> tuple | None:
+    """Test-set `(predictions, labels)` of one saved baseline (`save_baselines`), two int64 arrays of shape (n_test,)
+    in test-split order; None when the file does not exist. Raises UnreadableRecordError (a ValueError naming the
+    file) when it is damaged or lacks an array (`read_predictions`, chapter 5)."""
+    from hkt_nb.lra.records import read_predictions
+
+    path = baseline_predictions_path(results_dir, task, preset, name)
+    return read_predictions(path, None) if path.exists() else None
+
+
 def save_baselines(result: dict, results_dir) -> list:
     "Write a `fit_baselines` result under `results_dir/baselines/` (JSON + one .npz per baseline); the paths written."
     import json
@@ -315,7 +331,7 @@ def save_baselines(result: dict, results_dir) -> list:
     (path.parent / "predictions").mkdir(parents=True, exist_ok=True)
     written = []
     for name, pred in result["predictions"].items():
-        npz = path.parent / "predictions" / f"{result['task']}-{result['preset']}-{name}.npz"
+        npz = baseline_predictions_path(results_dir, result["task"], result["preset"], name)
         np.savez_compressed(npz, predictions=np.asarray(pred, dtype=np.int64), labels=result["test_labels"])
         written.append(npz)
     body = {k: v for k, v in result.items() if k not in ("predictions", "test_labels")}

@@ -8,8 +8,9 @@ __all__ = ['EXPECTED_MODELS', 'PAIRS', 'PAPER_REPORTED', 'ALPHA', 'VERDICT_RULES
            'binomial_two_sided_p', 'mcnemar_exact', 'mcnemar_power', 'paired_bootstrap', 'pooled_paired_bootstrap',
            'correctness_correlation', 'standard_errors', 'compare_on_seed', 'seed_summary', 'verdict', 'seed_outcome',
            'flips_to', 'verdict_margin', 'flips_along', 'margin_along', 'learned_the_task', 'counted_verdict',
-           'seeds_as_replicates', 'pooled_comparison', 'grid_status', 'complete_tasks', 'choose_preset', 'task_scales',
-           'results_summary', 'summary_markdown', 'established_sentences', 'run_grid']
+           'against_baseline', 'pilot_exclusions', 'seeds_as_replicates', 'pooled_comparison', 'grid_status',
+           'complete_tasks', 'choose_preset', 'task_scales', 'results_summary', 'summary_markdown',
+           'established_sentences', 'run_grid']
 
 # %% ../../nbs/09_results.ipynb #87d7b9c2
 import math
@@ -40,7 +41,9 @@ VERDICT_RULES = (
     "does not establish equality.\n"
     "5. A comparison counts only when both models have learned the task: every finished run of each has a higher "
     "test accuracy than the task's strongest trivial baseline (chapter 4). Otherwise its outcome under rules 1-4 "
-    "is shown but the verdict is 'excluded'.\n"
+    "is shown but the verdict is 'excluded'. At the cpu preset a task also counts only if its pilot (chapter 5g) "
+    "found a setting within the CPU budget in which both models beat that baseline on validation by 5 points; a "
+    "task whose every candidate setting failed is 'excluded'.\n"
     "6. One pre-registered test pools the seeds: the paired bootstrap 95 % interval of the three-seed mean of "
     "acc(A) - acc(B), resampling the same test examples for all seeds; it is decided when the interval excludes "
     "zero. It is reported beside the verdict of rules 1-5 and does not replace it.")
@@ -51,11 +54,14 @@ def fetch_committed_results(results_dir,  # the folder to fill (created when mis
                             ) -> list:
     """Fill `results_dir` with what this chapter reads, as committed at this book's version (a chapter opened alone,
     e.g. on Colab): every expected run's predictions and record (`EXPECTED_MODELS` x `SEEDS`, the record last: it
-    marks the run finished), and each task's trivial baselines `baselines/<task>-<preset>.json` (chapter 4), by
+    marks the run finished), each task's trivial baselines `baselines/<task>-<preset>.json` with the strongest one's
+    test predictions (chapter 4d), and for `cpu` the pilot's records and baselines under `pilot/` (chapter 5g), by
     `fetch_record` (chapter 5: from `$HKT_NB_RECORDS`, else the repository's address). Files already there are
     kept; a file the repository does not have, or an address that cannot be reached, is skipped (the run is then
-    "not yet run", the task has no baselines). Returns the paths of the records and baseline files now present.
+    "not yet run", the task has no baselines). Returns the paths of the records, baseline and pilot files now present.
     Raises RuntimeError (`records_url`) when no address is known."""
+    import json
+
     from hkt_nb.lra.workspace import fetch_record
 
     def fetch(name):
@@ -71,7 +77,17 @@ def fetch_committed_results(results_dir,  # the folder to fill (created when mis
                 run = f"{task}-{model}-{preset}-seed{seed}"  # `run_name`
                 fetch(f"predictions/{run}.npz")
                 present.append(fetch(f"{run}.json"))
-        present.append(fetch(f"baselines/{task}-{preset}.json"))  # `baseline_path` (chapter 4)
+        saved = fetch(f"baselines/{task}-{preset}.json")  # `baseline_path` (chapter 4d)
+        present.append(saved)
+        if saved is not None:  # the strongest baseline's test predictions (`baseline_predictions_path`, chapter 4d)
+            strongest = json.loads(Path(saved).read_text())["strongest"]
+            fetch(f"baselines/predictions/{task}-{preset}-{strongest}.npz")
+    if preset == "cpu":  # the pilot that sized the preset (chapter 5g): `pilot_exclusions` reads it
+        from hkt_nb.lra.pilot import PILOT_CANDIDATES, PILOT_MODELS
+
+        for candidate in PILOT_CANDIDATES:
+            present += [fetch(f"pilot/{candidate}-{model}.json") for model in PILOT_MODELS]
+            present.append(fetch(f"pilot/baselines-{candidate}.json"))
     return [path for path in present if path is not None]
 
 # %% ../../nbs/09_results.ipynb #55883e21
@@ -531,6 +547,55 @@ def counted_verdict(rule_verdict: str,  # `verdict(...)` of the comparison
                 else rule_verdict)
     return rule_verdict
 
+# %% ../../nbs/09_results.ipynb #7e371637
+def against_baseline(results_dir,  # folder holding the run records, predictions/ and baselines/
+                     runs: dict,  # from `load_runs`
+                     baselines: dict,  # task -> saved baselines (`hkt_nb.lra.baselines.load_baselines`)
+                     task: str, model: str, preset: str, seeds: tuple = SEEDS) -> dict:
+    """Each finished run of `model` on `task` against the task's strongest trivial baseline on the same test
+    examples: {seed: `mcnemar_exact` of (run, baseline)}, `only_a` counting the examples only the run gets right. A
+    seed whose run or baseline has no saved predictions is left out; {} without baselines. Raises ValueError when a
+    run and the baseline were scored on different labels (not the same test set)."""
+    from hkt_nb.lra.baselines import load_baseline_predictions  # chapter 4d
+
+    saved = baselines.get(task)
+    if not saved:
+        return {}
+    loaded = load_baseline_predictions(results_dir, task, preset, saved["strongest"])
+    if loaded is None:
+        return {}
+    base_pred, base_labels = loaded
+    tests = {}
+    for s in seeds:
+        record = runs.get(run_name(task, model, preset, s))
+        pair = load_predictions(results_dir, record) if record else None
+        if pair is None:
+            continue
+        pred, labels = pair
+        if not np.array_equal(labels, base_labels):
+            raise ValueError(f"{task} {model} seed {s} and the baseline {saved['strongest']} were not scored on the "
+                             "same test labels")
+        tests[s] = mcnemar_exact(pred == labels, base_pred == base_labels)
+    return tests
+
+# %% ../../nbs/09_results.ipynb #3e5c4552
+def pilot_exclusions(results_dir,  # folder holding the run records and pilot/ (chapter 5g)
+                     preset: str) -> dict:
+    """{task: reason} for the tasks the pilot (chapter 5g, `pilot_decision`) excludes from the verdicts at `preset`:
+    at `cpu`, the preset the pilot sized, every task all of whose candidate settings failed (a model below the
+    strongest baseline plus `PILOT_MARGIN` on validation); {} at any other preset or without pilot records."""
+    if preset != "cpu":
+        return {}
+    from hkt_nb.lra.pilot import PILOT_MARGIN, load_pilot, pilot_decision  # chapter 5g
+
+    records, baselines = load_pilot(results_dir)
+    if not records:
+        return {}
+    return {task: (f"the pilot (chapter 5g) found no setting within the CPU budget in which both models beat the "
+                   f"strongest baseline by {100 * PILOT_MARGIN:.0f} points on validation: every candidate "
+                   f"({', '.join(d['failed'])}) failed")
+            for task, d in pilot_decision(records, baselines).items() if d["decided"] and d["chosen"] is None}
+
 # %% ../../nbs/09_results.ipynb #afd3936f
 def seeds_as_replicates(comparisons: list) -> dict:
     """The seeds as replicates of the architecture comparison: `n` seeds with a comparison, `mean` and the two-sided
@@ -611,7 +676,8 @@ def results_summary(results_dir, preset: str,
     """Everything the chapter's opening summary states, for `preset`: `preset`, `tasks`, `baselines` {task: (name,
     test acc)}, `learned` {(task, model): `learned_the_task`}, `rows` (one per comparison: task, models, `compared`,
     `rule`, `counted` ("not yet run" without any seed), `replicates` (`seeds_as_replicates`), `pooled`, `margin`,
-    `n_test`), `settings` {task: (task options, T)}. Raises `KeyError` naming an unknown task."""
+    `n_test`), `against` {(task, model): `against_baseline`}, `pilot` {task: why the pilot excludes it}
+    (`pilot_exclusions`), `settings` {task: (task options, T)}. Raises `KeyError` naming an unknown task."""
     from hkt_nb.lra.baselines import load_baselines
 
     tasks = list(EXPECTED_MODELS) if tasks is None else list(tasks)
@@ -621,13 +687,16 @@ def results_summary(results_dir, preset: str,
     runs = load_runs(results_dir, preset)
     baselines = {t: b for t, b in load_baselines(results_dir, preset).items() if t in tasks}
     learned = {(t, m): learned_the_task(runs, baselines, t, m, preset) for t in tasks for m in EXPECTED_MODELS[t]}
+    against = {(t, m): against_baseline(results_dir, runs, baselines, t, m, preset)
+               for t in tasks for m in EXPECTED_MODELS[t]}
+    pilot = {t: why for t, why in pilot_exclusions(results_dir, preset).items() if t in tasks}
     rows = []
     for task in tasks:
         pairs = PAIRS[task]
         for a, b in pairs:
             cs = [compare_on_seed(results_dir, runs, task, (a, b), preset, s) for s in SEEDS]
             rule = verdict(cs)
-            counted = ("not yet run" if not any(cs) else
+            counted = ("not yet run" if not any(cs) else f"excluded ({pilot[task]})" if task in pilot else
                        counted_verdict(rule, learned[(task, a)], learned[(task, b)], (a, b)))
             rows.append({"task": task, "models": (a, b), "compared": WHAT_IS_COMPARED.get((a, b), f"{a} against {b}"),
                          "rule": rule, "counted": counted, "replicates": seeds_as_replicates(cs),
@@ -637,7 +706,8 @@ def results_summary(results_dir, preset: str,
     from hkt_nb.lra.tasks import get_task
     options = {t: get_preset(preset).train_config(t).task_options for t in tasks}
     settings = {t: (options[t], get_task(t).seq_len_for(options[t])) for t in tasks}
-    return {"preset": preset, "tasks": tasks, "rows": rows, "learned": learned, "settings": settings,
+    return {"preset": preset, "tasks": tasks, "rows": rows, "learned": learned, "against": against, "pilot": pilot,
+            "settings": settings,
             "baselines": {t: (b["strongest"], b["baselines"][b["strongest"]]["test_acc"]) for t, b in baselines.items()}}
 
 
@@ -662,8 +732,11 @@ def summary_markdown(summary: dict) -> str:
                    else f" (T = {T})" if T else "")
         lines.append(f"- {task}{setting}: the strongest trivial baseline ({name}) scores {100 * bar:.1f} % on the test set; "
                      + (f"{', '.join(above)} {'beats' if len(above) == 1 else 'beat'} it on every seed" if above else "no model beats it on every seed")
+                     + _paired_note([summary.get("against", {}).get((task, m), {}) for m in above])
                      + (f"; {', '.join(below)} {'has' if len(below) == 1 else 'have'} not learned the task" if below else "")
-                     + ("" if status else " (no finished runs)") + ".")
+                     + ("" if status else " (no finished runs)")
+                     + (f"; but {summary['pilot'][task]}, so the task is excluded from the verdicts"
+                        if task in summary.get("pilot", {}) else "") + ".")
     decided = [r for r in rows if not r["counted"].startswith(("inconclusive", "excluded", "not yet run"))]
     excluded = [r for r in rows if r["counted"].startswith("excluded")]
     unrun = [r for r in rows if r["counted"] == "not yet run"]
@@ -708,6 +781,13 @@ def summary_markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _paired_note(tests: list) -> str:
+    "' (McNemar against it on the same test examples: largest p = ...)' over the runs of `tests`; '' without any."
+    ps = [c["p_value"] for per_seed in tests for c in per_seed.values()]
+    return (f" (McNemar's test against it on the same test examples, {len(ps)} runs: largest p = {max(ps):.2g})"
+            if ps else "")
+
+
 def established_sentences(results_dir=None,  # default: `default_results_dir()` (chapter 5)
                           preset: str = "auto") -> str:  # a preset, or "auto" (`choose_preset`: the page's rule)
     """Two sentences, without numbers, on what the runs and their trivial baselines establish and what they do not
@@ -725,6 +805,7 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
 
     results_dir = default_results_dir() if results_dir is None else results_dir
     status = grid_status(results_dir)  # read once: every record and prediction of every preset
+    cpu_pilot = pilot_exclusions(results_dir, "cpu")  # the tasks the pilot excludes (chapter 5g)
     shown, scales = choose_preset(results_dir, preset, status)[0], task_scales(results_dir, preset, status)
     summaries = [results_summary(results_dir, name, [t for t in scales if scales[t] == name])
                  for name in dict.fromkeys(sorted(scales.values(), key=_preset_rank))]
@@ -746,15 +827,16 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
         tasks = [t for t in tasks if t not in unchecked]
         if not tasks:
             continue
-        learned = [t for t in tasks if all(st["learned"] for (task, _), st in s["learned"].items() if task == t)]
+        learned = [t for t in tasks if t not in s.get("pilot", {})
+                   and all(st["learned"] for (task, _), st in s["learned"].items() if task == t)]
         decided = [r for r in s["rows"] if not r["counted"].startswith(("inconclusive", "excluded", "not yet run"))]
-        if s["preset"] != shown:
-            done = sum(status[shown][t][0] for t in tasks)
-            total = sum(status[shown][t][1] for t in tasks)
-            pending = (f"; their `{shown}` grid has no finished run yet" if not done else
-                       f"; their `{shown}` grid has {done} of its {total} runs finished")
-        else:
-            pending = ""
+        def pending(ts):  # how far the grid of the chapter's preset has got on tasks shown at a smaller one
+            if s["preset"] == shown:
+                return ""
+            done, total = (sum(status[shown][t][k] for t in ts) for k in (0, 1))
+            whose = "its" if len(ts) == 1 else "their"
+            return (f"; {whose} `{shown}` grid has no finished run yet" if not done else
+                    f"; {whose} `{shown}` grid has {done} of its {total} runs finished")
         where = "; ".join(setting(s, t) for t in tasks)
         if decided:
             found.append(f"at the small `{s['preset']}` scale on {where}, every model beats the trivial baselines and "
@@ -776,9 +858,16 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
                          "no comparison between the models is decided")
         if len(learned) < len(tasks):
             failing = [t for t in tasks if t not in learned]
+            piloted = [t for t in failing if t in cpu_pilot]
+            if piloted:
+                missing.append(f"anything on {named(piloted)}: no setting within the CPU budget let both models beat "
+                               "the task's strongest trivial baseline on validation by the pilot's margin, so at the "
+                               "`cpu` scale the task is excluded from the verdicts")
+            failing = [t for t in failing if t not in piloted]
             bars = "; ".join(f"{named([t])}: {s['baselines'][t][0].replace('_', ' ')}" for t in failing)
-            missing.append(f"anything on {named(failing)}: at the small `{s['preset']}` scale a model does not beat "
-                           f"the task's strongest trivial baseline ({bars}) on every seed{pending}")
+            if failing:
+                missing.append(f"anything on {named(failing)}: at the small `{s['preset']}` scale a model does not beat "
+                               f"the task's strongest trivial baseline ({bars}) on every seed{pending(failing)}")
     if not found and not missing:
         return (f"No finished runs are on disk here, so nothing about accuracy is established on this page; the "
                 "layer, its cost and the theory chapters' properties are proved or measured where they are stated.")

@@ -282,7 +282,8 @@ class Experiment:
     def verdict(self) -> str:
         """One sentence (Markdown): which models beat the task's strongest trivial baseline on the test set on every
         seed (`learned_the_task`, chapter 9) and, when one does not, that the differences involving it are not evidence
-        at this preset (the HKT-MHA one among them when HKT or MHA fails); says so when no baselines file exists."""
+        at this preset (the HKT-MHA one among them when HKT or MHA fails), and `pilot_note`; says so when no baselines
+        file exists."""
         from hkt_nb.lra.results import learned_the_task  # chapter 9's rule, the one the results chapter counts by
 
         saved, where = self.baselines(), f"baselines/{self.task}-{self.preset.name}.json"
@@ -300,7 +301,7 @@ class Experiment:
         failed = [m for m in models if not status[m]["learned"]]
         if not failed:
             return (f"On the test set every model here ({_listed(passed)}) beats the strongest trivial baseline, "
-                    f"{bar}, on every seed.")
+                    f"{bar}, on every seed.") + self.pilot_note()
         def at_or_below(m):  # "MHA 34.75 %, 34.20 % on seeds 0, 1"
             seeds = status[m]["below"]
             scores = ", ".join(f"{100 * status[m]['accuracies'][s]:.2f} %" for s in seeds)
@@ -315,7 +316,17 @@ class Experiment:
         among = (", the HKT–MHA difference among them"
                  if {"hkt", "mha"} <= set(models) and {"hkt", "mha"} & set(failed) else "")
         return (f"{head} (at or below it: {'; '.join(map(at_or_below, failed))}): at this preset a difference involving "
-                f"{_listed((m.upper() for m in failed), 'or')} is not evidence about the architectures{among}.")
+                f"{_listed((m.upper() for m in failed), 'or')} is not evidence about the architectures{among}."
+                + self.pilot_note())
+
+    def pilot_note(self) -> str:
+        "' The task is excluded ...: <why>.' when the pilot excludes it at this preset (`pilot_exclusions`, chapter 9); else ''."
+        if self.results_dir is None:
+            return ""
+        from hkt_nb.lra.results import pilot_exclusions  # chapter 9
+
+        why = pilot_exclusions(self.results_dir, self.preset.name).get(self.task)
+        return f" The task is excluded from the results chapter's verdicts at this preset: {why}." if why else ""
 
     def mix_moves(self) -> list[dict]:
         "One row per run with HKT mixing weights (`mix_moves`): model, seed, max |lambda - 1/L|, max |g - 1/2|."
