@@ -8,7 +8,8 @@ the epoch in progress). `--jobs` processes run at once, each with `--threads` to
 machine two single-thread processes train more examples per second than one two-thread process (see
 `results/bench_threads_cpu.json`). Logs go to `<results>/logs/<run>.log` (not committed).
 On the `cpu` preset a task whose pilot (chapter 5g) has not decided gets only its seed-0 runs, which are the pilot
-runs of its grid candidate; run the queue again once they have finished.
+runs of its grid candidate; run the queue again once they have finished. A task the pilot excluded (every
+candidate failed) is run last: its runs are kept for the record, but no verdict depends on them.
 `--stop-at HH:MM` (UTC, today or, if past, tomorrow) starts no run whose estimated training time (chapter 5f's
 `estimate_seconds`, times `SAFETY`) would end after it: a run of one long epoch that a stopped session would cut
 short loses that epoch, so it waits for the next queue instead.
@@ -75,9 +76,18 @@ def undecided(preset: str, results_dir: Path) -> set[str]:
     return {task for task, d in pilot_decision(*load_pilot(results_dir)).items() if not d["decided"]}
 
 
+def excluded(preset: str, results_dir: Path) -> set[str]:
+    """The tasks the pilot excludes from the verdicts at `preset` (chapter 9, `pilot_exclusions`: at `cpu`, every
+    candidate setting failed). Their runs are kept for the record but decide nothing, so they go last."""
+    from hkt_nb.lra.results import pilot_exclusions
+
+    return set(pilot_exclusions(results_dir, preset))
+
+
 def queue(preset: str, only: set[str] | None, results_dir: Path) -> list[tuple[str, str, int]]:
     """The runs still to do: every (task, model, seed) of `plan()` and the preset's seeds without a finished record;
-    for a task whose pilot has not decided (`undecided`), seed 0 only."""
+    for a task whose pilot has not decided (`undecided`), seed 0 only; the runs of a task the pilot excluded
+    (`excluded`) after every other task's."""
     from hkt_nb.lra.config import get_preset
     from hkt_nb.lra.runs import finished_run
     from hkt_nb.lra.tasks import get_task
@@ -95,7 +105,8 @@ def queue(preset: str, only: set[str] | None, results_dir: Path) -> list[tuple[s
             if finished_run(task, model, preset, seed, results_dir) is None:
                 todo.append((task, model, seed))
     order = {t: i for i, t in enumerate(dict.fromkeys(t for t, _ in runs))}
-    return sorted(todo, key=lambda r: order[r[0]])
+    last = excluded(preset, results_dir)
+    return sorted(todo, key=lambda r: (r[0] in last, order[r[0]]))
 
 
 def main() -> None:
@@ -127,8 +138,9 @@ def main() -> None:
             name = run_name(task, model, a.preset, seed)
             estimate = estimate_seconds(task, model, a.preset, results_dir) if deadline is not None else None
             if not fits_before(deadline, estimate, time.time()):
-                print(f"not started {name}: estimated {'?' if estimate is None else f'{estimate / 60:.0f}'} min "
-                      f"(x{SAFETY}) would end after --stop-at {a.stop_at}", flush=True)
+                why = ("no finished CPU record of this task and model to estimate its time from" if estimate is None
+                       else f"estimated {estimate / 60:.0f} min of training (x{SAFETY}; evaluation not counted)")
+                print(f"not started {name}: {why}; it could end after --stop-at {a.stop_at}", flush=True)
                 continue
             cmd = [sys.executable, "-m", "hkt_nb.lra.runs", "--task", task, "--model", model, "--preset", a.preset,
                    "--seed", str(seed), "--device", "cpu", "--threads", str(a.threads), "--no-progress",
