@@ -206,3 +206,19 @@ def test_the_committed_baseline_predictions_score_their_recorded_accuracy():
                     checked += 1
     if not checked:
         pytest.skip("no committed baseline predictions")
+
+
+def test_root_token_count_features_put_the_token_frequencies_in_the_root_operators_block():
+    from hkt_nb.lra.tokenize import LISTOPS_OPERATORS, LISTOPS_VOCAB
+
+    vocab = len(LISTOPS_VOCAB)
+    expression = np.asarray(listops_encode("[MAX 2 9 [MIN 9 4 ] ]"))
+    digit = np.asarray(listops_encode("7"))
+    features = B.root_token_count_features([expression, digit])
+    assert features.shape == (2, (len(LISTOPS_OPERATORS) + 1) * vocab)
+    block = LISTOPS_OPERATORS.index("[MAX")
+    row = features[0, block * vocab:(block + 1) * vocab]
+    assert row[LISTOPS_VOCAB.index("9")] == pytest.approx(2 / len(expression))  # two 9s among the tokens
+    assert row[LISTOPS_VOCAB.index("[MIN")] == pytest.approx(1 / len(expression))
+    assert features[0].sum() == pytest.approx(1.0) and np.count_nonzero(features[0]) == np.count_nonzero(row)
+    assert features[1, len(LISTOPS_OPERATORS) * vocab + LISTOPS_VOCAB.index("7")] == 1.0  # a lone digit: the last block

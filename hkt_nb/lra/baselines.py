@@ -20,11 +20,12 @@ BIGRAM_BUCKETS = 2 ** 14  # hash buckets of the IMDB byte-bigram baseline (65,53
 
 # %% auto #0
 __all__ = ['SPLITS', 'C_GRID', 'HISTOGRAM_BINS', 'BIGRAM_BUCKETS', 'pixel_softmax_baseline', 'histogram_softmax_baseline',
-           'byte_unigram_baseline', 'byte_bigram_baseline', 'BASELINES', 'split_sequences', 'majority_baseline',
-           'root_operator', 'root_operator_baseline', 'choose_on_validation', 'linear_baseline', 'pixel_features',
-           'histogram_features', 'byte_unigram_features', 'byte_bigram_features', 'baseline_splits', 'library_versions',
-           'strongest_baseline', 'fit_threads', 'fit_baselines', 'baseline_path', 'baseline_predictions_path',
-           'load_baseline_predictions', 'save_baselines', 'load_baselines']
+           'root_token_count_baseline', 'byte_unigram_baseline', 'byte_bigram_baseline', 'BASELINES', 'split_sequences',
+           'majority_baseline', 'root_operator', 'root_operator_baseline', 'choose_on_validation', 'linear_baseline',
+           'pixel_features', 'histogram_features', 'byte_unigram_features', 'root_token_count_features',
+           'byte_bigram_features', 'baseline_splits', 'library_versions', 'strongest_baseline', 'fit_threads',
+           'fit_baselines', 'baseline_path', 'baseline_predictions_path', 'load_baseline_predictions', 'save_baselines',
+           'load_baselines']
 
 # %% ../../nbs/04d_baselines.ipynb #b4a09714
 def split_sequences(split) -> tuple[list[np.ndarray], np.ndarray]:
@@ -182,6 +183,21 @@ def byte_unigram_features(sequences) -> np.ndarray:
     return np.stack([np.bincount(np.asarray(s) - 1, minlength=256) / max(len(s), 1) for s in sequences])
 
 
+def root_token_count_features(sequences) -> np.ndarray:
+    """ListOps: each token's frequency in the expression, written into the block of columns of its root operator
+    (one block of `len(LISTOPS_VOCAB)` columns per operator of `LISTOPS_OPERATORS`, then one for any other root, e.g.
+    a lone digit): (n, (len(LISTOPS_OPERATORS) + 1) * len(LISTOPS_VOCAB)), rows sum to 1. Order-free: a linear model on
+    it weighs the digits (and the nested operators) of an expression separately for each root operator."""
+    vocab, blocks = len(LISTOPS_VOCAB), [LISTOPS_VOCAB.index(op) for op in LISTOPS_OPERATORS]
+    out = np.zeros((len(sequences), (len(blocks) + 1) * vocab))
+    for i, s in enumerate(sequences):
+        s = np.asarray(s)
+        root = root_operator(s)
+        block = blocks.index(root) if root in blocks else len(blocks)
+        out[i, block * vocab:(block + 1) * vocab] = np.bincount(s, minlength=vocab) / len(s)
+    return out
+
+
 def byte_bigram_features(sequences, buckets: int = BIGRAM_BUCKETS):
     """Frequencies of adjacent byte pairs hashed into `buckets` columns: a scipy CSR matrix (n, buckets). The pair
     (a, b) of bytes goes to bucket ((256 a + b) * 2654435761 mod 2**32) mod buckets."""
@@ -215,13 +231,16 @@ pixel_softmax_baseline = _linear("pixel_softmax_baseline", pixel_features,
                                  "sCIFAR-10: softmax regression on the raw grayscale pixels (`linear_baseline`).")
 histogram_softmax_baseline = _linear("histogram_softmax_baseline", histogram_features,
                                      "sCIFAR-10: softmax regression on a 32-bin intensity histogram (order-free).")
+root_token_count_baseline = _linear("root_token_count_baseline", root_token_count_features,
+                                    "ListOps: softmax regression on token frequencies per root operator (order-free).")
 byte_unigram_baseline = _linear("byte_unigram_baseline", byte_unigram_features,
                                 "IMDB: logistic regression on byte-unigram frequencies (order-free).")
 byte_bigram_baseline = _linear("byte_bigram_baseline", byte_bigram_features,
                                "IMDB: logistic regression on hashed byte-bigram frequencies (`BIGRAM_BUCKETS`).")
 
 #: every baseline by name: what the task registry's `Task.baselines` (chapter 4) names
-BASELINES = {f.__name__: f for f in (majority_baseline, root_operator_baseline, pixel_softmax_baseline,
+BASELINES = {f.__name__: f for f in (majority_baseline, root_operator_baseline, root_token_count_baseline,
+                                      pixel_softmax_baseline,
                                       histogram_softmax_baseline, byte_unigram_baseline, byte_bigram_baseline)}
 
 # %% ../../nbs/04d_baselines.ipynb #f5934b85

@@ -41,9 +41,8 @@ VERDICT_RULES = (
     "does not establish equality.\n"
     "5. A comparison counts only when both models have learned the task: every finished run of each has a higher "
     "test accuracy than the task's strongest trivial baseline (chapter 4). Otherwise its outcome under rules 1-4 "
-    "is shown but the verdict is 'excluded'. At the cpu preset a task also counts only if its pilot (chapter 5g) "
-    "found a setting within the CPU budget in which both models beat that baseline on validation by 5 points; a "
-    "task whose every candidate setting failed is 'excluded'.\n"
+    "is shown but the verdict is 'excluded'. At the cpu preset a task also counts only if, in its pilot (chapter "
+    "5g), both models of the cpu setting beat that baseline on validation by 5 points; otherwise it is 'excluded'.\n"
     "6. One pre-registered test pools the seeds: the paired bootstrap 95 % interval of the three-seed mean of "
     "acc(A) - acc(B), resampling the same test examples for all seeds; it is decided when the interval excludes "
     "zero. It is reported beside the verdict of rules 1-5 and does not replace it.")
@@ -582,19 +581,32 @@ def against_baseline(results_dir,  # folder holding the run records, predictions
 def pilot_exclusions(results_dir,  # folder holding the run records and pilot/ (chapter 5g)
                      preset: str) -> dict:
     """{task: reason} for the tasks the pilot (chapter 5g, `pilot_decision`) excludes from the verdicts at `preset`:
-    at `cpu`, the preset the pilot sized, every task all of whose candidate settings failed (a model below the
-    strongest baseline plus `PILOT_MARGIN` on validation); {} at any other preset or without pilot records."""
+    at `cpu`, the preset the pilot sizes, every task whose candidate that *is* the preset's setting (`grid_candidate`)
+    has failed (a model below the strongest baseline plus `PILOT_MARGIN` on validation); the reason names it and what
+    the pilot does next. {} at any other preset or without pilot records."""
     if preset != "cpu":
         return {}
-    from hkt_nb.lra.pilot import PILOT_MARGIN, load_pilot, pilot_decision  # chapter 5g
+    from hkt_nb.lra.pilot import PILOT_CANDIDATES, PILOT_MARGIN, grid_candidate, load_pilot, pilot_decision
 
     records, baselines = load_pilot(results_dir)
     if not records:
         return {}
-    return {task: (f"the pilot (chapter 5g) found no setting within the CPU budget in which both models beat the "
-                   f"strongest baseline by {100 * PILOT_MARGIN:.0f} points on validation: every candidate "
-                   f"({', '.join(d['failed'])}) failed")
-            for task, d in pilot_decision(records, baselines).items() if d["decided"] and d["chosen"] is None}
+    out = {}
+    for task, d in pilot_decision(records, baselines).items():
+        own = [c for c in d["failed"] if grid_candidate(c) and PILOT_CANDIDATES[c][0] == task]
+        if not own:
+            continue
+        if d["chosen"] is not None and d["decided"]:
+            then = f"the pilot now chooses {d['chosen']}, whose `cpu` grid has not been run"
+        elif d["chosen"] is not None:
+            then = f"the pilot's choice so far is {d['chosen']}, while the cheaper {', '.join(d['pending'])} is still to run"
+        elif d["pending"]:
+            then = f"the pilot still waits for {', '.join(d['pending'])}"
+        else:
+            then = f"every candidate tried ({', '.join(d['failed'])}) failed"
+        out[task] = (f"in the pilot (chapter 5g) a model of the `cpu` setting ({own[0]}) does not beat the strongest "
+                     f"baseline by {100 * PILOT_MARGIN:.0f} points on validation, and {then}")
+    return out
 
 # %% ../../nbs/09_results.ipynb #afd3936f
 def seeds_as_replicates(comparisons: list) -> dict:
@@ -859,10 +871,8 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
         if len(learned) < len(tasks):
             failing = [t for t in tasks if t not in learned]
             piloted = [t for t in failing if t in cpu_pilot]
-            if piloted:
-                missing.append(f"anything on {named(piloted)}: no setting within the CPU budget let both models beat "
-                               "the task's strongest trivial baseline on validation by the pilot's margin, so at the "
-                               "`cpu` scale the task is excluded from the verdicts")
+            for t in piloted:
+                missing.append(f"anything on {named([t])} (excluded from the verdicts at the `cpu` scale: {cpu_pilot[t]})")
             failing = [t for t in failing if t not in piloted]
             bars = "; ".join(f"{named([t])}: {s['baselines'][t][0].replace('_', ' ')}" for t in failing)
             if failing:

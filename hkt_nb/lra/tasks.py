@@ -224,7 +224,8 @@ register_task(Task(
     models=("hkt", "mha", "hkt_l1", "hkt_l2"),
     pairs=(("hkt", "mha"), ("hkt", "hkt_l1"), ("hkt", "hkt_l2"), ("hkt_l2", "hkt_l1"), ("hkt_l1", "mha")),
     paper={"hkt": (55.10, 0.29), "mha": (50.33, 0.12)},
-    baselines={"majority": "majority_baseline", "root_operator": "root_operator_baseline"},
+    baselines={"majority": "majority_baseline", "root_operator": "root_operator_baseline",
+               "root_token_counts": "root_token_count_baseline"},
     chapter="06_listops", title="ListOps"))
 
 register_task(Task(
