@@ -193,7 +193,8 @@ def check_experiment_parameters(
 #: exactly uniform (zero logits, chapter 2), so a smaller move means training left the mix where it began.
 UNIFORM_MIX_TOLERANCE = 0.05
 
-#: How a record's best epoch was chosen (`selection`; absent in records of results version 1: chapter 5, *Run names*).
+#: How a record's best epoch was chosen (`selection`; absent in records of results version 1: chapter 5,
+#: *Records that stay valid*).
 SELECTION_RULES = {"val_loss": "lowest val loss", "val_acc": "highest val acc"}
 
 
