@@ -112,11 +112,31 @@ def translate_cell(cell) -> None:
         cell.metadata["tags"] = tags
 
 
-def translate(nb):
-    "Map `#|` directives of code cells to tags and strip them from the source (in place)."
+def translate(nb, name: str | None = None):
+    """Map `#|` directives of code cells to tags and strip them from the source (in place); with the page's `name`,
+    also put its chapter label in front of its title (`label_title`)."""
     for cell in nb.cells:
         if cell.cell_type == "code":
             translate_cell(cell)
+    return label_title(nb, name) if name else nb
+
+
+def chapter_label(name: str) -> str | None:
+    """The label the chapters use for a page, from its file name: "nbs/04d_baselines" -> "4d", "nbs/10_cost" -> "10";
+    None for the first page (00) and the back matter (99), which have no number."""
+    prefix = Path(name).name.split("_")[0]
+    label = prefix.lstrip("0")
+    return None if not label or prefix in ("00", "99") or not label[0].isdigit() else label
+
+
+def label_title(nb, name: str):
+    "Prefix the page's first level-1 heading with its `chapter_label` ('# Trivial baselines' -> '# 4d. Trivial baselines')."
+    label = chapter_label(name)
+    for cell in nb.cells:
+        if label and cell.cell_type == "markdown" and cell.source.startswith("# "):
+            if not cell.source.startswith(f"# {label}. "):
+                cell.source = f"# {label}. {cell.source[2:]}"
+            break
     return nb
 
 
@@ -249,13 +269,13 @@ def main(argv=None):
             done = executed_copy(Path(name).name)
             if done is not None:
                 print(f"  {name}: using executed copy {done.relative_to(ROOT)}", flush=True)
-                nbformat.write(translate(nbformat.read(done, as_version=4)), dest)
+                nbformat.write(translate(nbformat.read(done, as_version=4), name), dest)
                 continue
-            nbformat.write(translate(nb), dest)
+            nbformat.write(translate(nb, name), dest)
             if not args.no_execute:
                 execute(dest, {"preset": args.preset})
             continue
-        nbformat.write(translate(nb), dest)
+        nbformat.write(translate(nb, name), dest)
         if not args.no_execute:
             execute(dest)
     if args.no_execute:

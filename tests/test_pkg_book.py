@@ -95,3 +95,19 @@ def load_tag_cells():
 def test_tag_cells_hides_only_table_reshaping_code(source, tags, hide):
     cell = nbformat.v4.new_code_cell(source, metadata={"tags": tags} if tags else {})
     assert load_tag_cells().reshapes_a_table(cell) is hide
+
+
+def test_pages_carry_the_chapter_labels_the_text_uses(build_book):
+    "The chapters say 'chapter 4d'; the built page of nbs/04d_baselines is titled '4d. Trivial baselines'."
+    import nbformat
+
+    assert [build_book.chapter_label(n) for n in ("nbs/04d_baselines", "nbs/10_cost", "nbs/05_train",
+                                                   "nbs/00_index", "nbs/99_references")] == ["4d", "10", "5", None, None]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Trivial baselines\n\n> what they are"),
+                                         nbformat.v4.new_markdown_cell("# not the title")])
+    build_book.translate(nb, "nbs/04d_baselines")
+    assert nb.cells[0].source == "# 4d. Trivial baselines\n\n> what they are" and nb.cells[1].source == "# not the title"
+    build_book.translate(nb, "nbs/04d_baselines")  # once only
+    assert nb.cells[0].source.startswith("# 4d. Trivial baselines")
+    index = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# HKT")])
+    assert build_book.translate(index, "nbs/00_index").cells[0].source == "# HKT"
