@@ -16,7 +16,7 @@ def _write(path, body):
 
 
 def test_grid_candidates_are_the_cpu_sizes():
-    assert [c for c in PILOT_CANDIDATES if grid_candidate(c)] == ["listops-short-100k", "scifar10-45k", "imdb-45k"]
+    assert [c for c in PILOT_CANDIDATES if grid_candidate(c)] == ["listops-short-200k", "scifar10-45k", "imdb-45k"]
     assert not grid_candidate("scifar10-45k", "cpu_small")
 
 

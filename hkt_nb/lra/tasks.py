@@ -219,7 +219,7 @@ register_task(Task(
     "listops", n_classes=10, vocab_size=len(LISTOPS_VOCAB), seq_len=LISTOPS_SETTINGS["paper"]["seq_len"],
     load=_benchmarks("listops_splits"), tokenise=tokenise_listops, options={"setting": "paper"}, check=_benchmarks("listops_check"),
     source=_benchmarks("listops_source"), unit="expressions",
-    sizes={"cpu": {"task_options": {"setting": "short"}, "n_train": 20_000, "epochs": 5}, "cpu_small": {"n_train": 6000}},
+    sizes={"cpu": {"task_options": {"setting": "short"}, "n_train": 40_000, "epochs": 5}, "cpu_small": {"n_train": 6000}},
     train_size=LISTOPS_SETTINGS["paper"]["n_train"],
     models=("hkt", "mha", "hkt_l1", "hkt_l2"),
     pairs=(("hkt", "mha"), ("hkt", "hkt_l1"), ("hkt", "hkt_l2"), ("hkt_l2", "hkt_l1"), ("hkt_l1", "mha")),
