@@ -886,13 +886,14 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
         learned = [t for t in tasks if t not in s.get("pilot", {})
                    and all(st["learned"] for (task, _), st in s["learned"].items() if task == t)]
         decided = [r for r in s["rows"] if not r["counted"].startswith(("inconclusive", "excluded", "not yet run"))]
-        def pending(ts):  # how far the grid of the chapter's preset has got on tasks shown at a smaller one
-            if s["preset"] == shown:
+        def pending(ts):  # how far a larger grid (the chapter's preset, else `cpu`) has got on tasks shown at a smaller one
+            larger = shown if shown != s["preset"] else "cpu"
+            if _preset_rank(larger) >= _preset_rank(s["preset"]) or larger not in status:
                 return ""
-            done, total = (sum(status[shown][t][k] for t in ts) for k in (0, 1))
+            done, total = (sum(status[larger][t][k] for t in ts) for k in (0, 1))
             whose = "its" if len(ts) == 1 else "their"
-            return (f"; {whose} `{shown}` grid has no finished run yet" if not done else
-                    f"; {whose} `{shown}` grid has {done} of its {total} runs finished")
+            return (f"; {whose} `{larger}` grid has no finished run yet" if not done else
+                    f"; {whose} `{larger}` grid has {done} of its {total} runs finished")
         where = "; ".join(setting(s, t) for t in tasks)
         if decided:
             found.append(f"at the small `{s['preset']}` scale on {where}, every model beats the trivial baselines and "
