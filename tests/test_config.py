@@ -131,9 +131,18 @@ COMMITTED = [p for p in sorted((REPO / "results").glob("*.json")) if '"preset"' 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.stem)
 def test_every_committed_record_conforms_to_its_preset(path):
+    """A preset's run conforms to the preset; a variant (such as the runs kept by scripts/supersede_runs.py when a
+    preset's size changed) is exactly its recorded differences from the preset, and its name says so."""
+    from hkt_nb.lra.config import TrainConfig, preset_differences, run_variant
+
     record = json.loads(path.read_text())
     assert record.get("results_version", 1) in CONFORMING_RESULTS_VERSIONS
-    assert conforms_to_preset(record, record["preset"]), path.name
+    if not record.get("variant"):
+        assert conforms_to_preset(record, record["preset"]), path.name
+        return
+    train = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in record["config"]["train"].items()})
+    assert record["overrides"] == preset_differences(record["task"], record["preset"], train), path.name
+    assert record["variant"] == run_variant(record["overrides"]) and not conforms_to_preset(record, record["preset"])
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.stem)
