@@ -679,3 +679,18 @@ def test_the_committed_pilot_excludes_exactly_the_tasks_whose_cpu_setting_failed
     assert set(pilot_exclusions(RESULTS, "cpu")) == failed_own
     if ("scifar10-45k", "mha") in records:  # both sCIFAR-10 candidates failed
         assert "every candidate tried (scifar10-20k, scifar10-45k) failed" in pilot_exclusions(RESULTS, "cpu")["scifar10"]
+
+
+def test_unseen_comparison_is_the_pooled_test_on_seeds_1_2_past_the_pilots_test_examples(tmp_path):
+    from hkt_nb.lra.results import pooled_comparison, unseen_comparison
+
+    labels = np.arange(1000) % 10
+    runs = {}
+    for seed in SEEDS:
+        for model, acc in (("hkt", 0.9), ("mha", 0.5)):  # right on the first 900 / 500 examples
+            name = _write_run(tmp_path, "listops", model, seed, acc, labels)
+            runs[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    unseen = unseen_comparison(tmp_path, runs, "listops", ("hkt", "mha"), "cpu", first=400)
+    assert unseen["n"] == 600 and unseen["n_seeds"] == 2 and unseen["difference"] == pytest.approx(400 / 600)
+    assert unseen == pooled_comparison(tmp_path, runs, "listops", ("hkt", "mha"), "cpu", SEEDS[1:], 400)
+    assert unseen_comparison(tmp_path, runs, "listops", ("hkt", "mha"), "cpu", first=1000) is None

@@ -626,16 +626,18 @@ def seeds_as_replicates(comparisons: list) -> dict:
             "sign_floor": 2 * 0.5 ** n if n else None}
 
 
-def pooled_comparison(results_dir, runs: dict, task: str, models: tuple, preset: str, seeds: tuple = SEEDS) -> dict | None:
-    "`pooled_paired_bootstrap` of two models over `seeds` from their saved predictions; None unless every seed has both."
+def pooled_comparison(results_dir, runs: dict, task: str, models: tuple, preset: str, seeds: tuple = SEEDS,
+                      first: int = 0) -> dict | None:  # score the test examples from index `first` on
+    """`pooled_paired_bootstrap` of two models over `seeds` from their saved predictions, on the test examples from
+    index `first` on; None unless every seed has both and the test set is longer than `first`."""
     correct = {m: [] for m in models}
     for s in seeds:
         for m in models:
             record = runs.get(run_name(task, m, preset, s))
             loaded = load_predictions(results_dir, record) if record else None
-            if loaded is None:
+            if loaded is None or len(loaded[1]) <= first:
                 return None
-            correct[m].append(loaded[0] == loaded[1])
+            correct[m].append(loaded[0][first:] == loaded[1][first:])
     return pooled_paired_bootstrap(np.stack(correct[models[0]]), np.stack(correct[models[1]]))
 
 
@@ -647,15 +649,7 @@ def unseen_comparison(results_dir, runs: dict, task: str, models: tuple, preset:
     saw when the `cpu` preset was chosen (the pilot trains seed 0 and scores the first `first` test examples; the
     splits are nested, so those are the same examples). None unless every seed has both models' predictions and the
     test set is longer than `first`."""
-    correct = {m: [] for m in models}
-    for s in seeds:
-        for m in models:
-            record = runs.get(run_name(task, m, preset, s))
-            loaded = load_predictions(results_dir, record) if record else None
-            if loaded is None or len(loaded[1]) <= first:
-                return None
-            correct[m].append(loaded[0][first:] == loaded[1][first:])
-    return pooled_paired_bootstrap(np.stack(correct[models[0]]), np.stack(correct[models[1]]))
+    return pooled_comparison(results_dir, runs, task, models, preset, seeds, first)
 
 
 PRESET_ORDER = ("paper", "cpu", "cpu_small", "smoke")  # largest first
