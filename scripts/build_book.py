@@ -242,6 +242,7 @@ def main(argv=None):
     ap.add_argument("--no-execute", action="store_true", help="only prepare the sources (for debugging)")
     ap.add_argument("--pages", nargs="+", help="build only these _toc.yml entries (e.g. nbs/00_index nbs/99_references)")
     args = ap.parse_args(argv)
+    start = time.time()
     pages = toc_files(ROOT / "_toc.yml")
     if args.pages:
         unknown = set(args.pages) - set(pages)
@@ -287,7 +288,8 @@ def main(argv=None):
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)
     write_redirects(ROOT / "_build" / "_build" / "html", pages)
-    print(f"\nThe book is at {ROOT / '_build' / '_build' / 'html' / 'index.html'}")
+    print(f"\nThe book is at {ROOT / '_build' / '_build' / 'html' / 'index.html'} "
+          f"(built in {(time.time() - start) / 60:.1f} min)")
 
 
 if __name__ == "__main__":

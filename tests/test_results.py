@@ -513,7 +513,8 @@ def test_each_task_is_summarised_at_the_largest_preset_where_its_grid_is_complet
     assert counted[("hkt", "mha")] == "hkt better than mha"  # 200 of 1,000 examples only hkt gets right, each seed
     assert summary_markdown(listops).startswith("**At preset `cpu`**, on listops (scored on 1,000 test examples")
     text = established_sentences(tmp_path)
-    assert ("at the small `cpu` scale on ListOps (setting `short`, T = 128), every model beats the trivial baselines and "
+    assert ("at the small `cpu` scale on ListOps (setting `short`, T = 128, not the paper's `paper` at T = 512: chapter "
+            "4a compares the two), every model beats the trivial baselines and "
             "on each of 3 seeds the trained hkt network was more accurate than the trained mha network (comparing the "
             "whole HKT package") in text
     assert "nor whether hkt beats mha as an architecture beyond these seeds" in text
@@ -579,6 +580,15 @@ def test_flips_along_finds_where_the_walk_changes_the_outcome():
         flips_along(tie)
     tiny = {"only_a": 0, "only_b": 0, "n": 3, "seed": 0}  # three examples cannot make anything significant
     assert flips_along(tiny, 1) is None
+    full = {"only_a": 40, "only_b": 20, "n": 60, "seed": 0}  # no concordant example: the walk turns round at once
+    k = flips_along(full)  # an upper bound: the exhaustive search mixes both kinds of change and needs 4
+    assert k == 5 and flips_to(full) == 4 and seed_outcome(35, 20, 60) == 0 and seed_outcome(36, 20, 60) == 1
+    near = {"only_a": 38, "only_b": 20, "n": 60, "seed": 0}  # two concordant examples, used before A's wins go
+    assert flips_along(near) == 2 and seed_outcome(38, 22, 60) == 0 and seed_outcome(38, 21, 60) == 1
+    lean = {"only_a": 40, "only_b": 19, "n": 60, "seed": 0}  # one concordant example, then A's wins go
+    k = flips_along(lean)
+    assert seed_outcome(40 - (k - 1), 20, 60) == 0 and seed_outcome(40 - (k - 2), 20, 60) == 1
+    assert flips_along({"only_a": 20, "only_b": 40, "n": 60, "seed": 0}) == 5  # the mirror: B's win
 
 
 def _save_baseline_with_predictions(folder, task, preset, labels, predictions):
@@ -694,3 +704,14 @@ def test_unseen_comparison_is_the_pooled_test_on_seeds_1_2_past_the_pilots_test_
     assert unseen["n"] == 600 and unseen["n_seeds"] == 2 and unseen["difference"] == pytest.approx(400 / 600)
     assert unseen == pooled_comparison(tmp_path, runs, "listops", ("hkt", "mha"), "cpu", SEEDS[1:], 400)
     assert unseen_comparison(tmp_path, runs, "listops", ("hkt", "mha"), "cpu", first=1000) is None
+    from hkt_nb.lra.pilot import PILOT_N_TEST  # the default: the pilot's test split, whatever its size
+
+    assert unseen_comparison(tmp_path, runs, "listops", ("hkt", "mha"), "cpu") == (
+        pooled_comparison(tmp_path, runs, "listops", ("hkt", "mha"), "cpu", SEEDS[1:], PILOT_N_TEST))
+
+
+def test_listed_joins_names_as_prose():
+    from hkt_nb.lra.results import _listed
+
+    assert [_listed([]), _listed(["a"]), _listed(["a", "b"]), _listed(iter("abc"))] == ["", "a", "a and b", "a, b and c"]
+    assert _listed(("HKT", "MHA"), "or") == "HKT or MHA"

@@ -440,7 +440,9 @@ def flips_along(comparison: dict,  # from `compare_on_seed` (only_a, only_b, n, 
                 alpha: float = ALPHA,
                 ) -> int | None:
     """Changes along the cheapest single direction after which the seed's `seed_outcome` is `target` (None: no longer
-    the current win): 0 if it already is, None if the direction runs out of examples first. Raises ValueError for
+    the current win): 0 if it already is, None if the walk ends first. To undo a win the walk adds examples only the
+    loser gets right while concordant ones are left, then turns round and takes away the winner's (ending at a tie
+    of 0 against 0 or n against the loser's count); to reach a win it ends at n against 0. Raises ValueError for
     `target=None` on a seed without a win (outcome 0: there is nothing to undo)."""
     a, b, n, seed = comparison["only_a"], comparison["only_b"], comparison["n"], comparison.get("seed", 0)
     now = seed_outcome(a, b, n, alpha, seed)
@@ -449,9 +451,13 @@ def flips_along(comparison: dict,  # from `compare_on_seed` (only_a, only_b, n, 
     if target is not None and now == target:
         return 0
 
+    room = n - a - b  # concordant examples: the ones a change can turn into discordant ones
+
     def counts(k):  # (n_10, n_01) after k changes, None past the last possible one
-        if target is None:
-            out = (a, b + k) if now == 1 else (a + k, b)
+        if target is None:  # the loser gains while there is room, then the winner loses
+            gain, loss = min(k, room), max(0, k - room)
+            out = (a - loss, b + gain) if now == 1 else (a + gain, b - loss)
+            return out if min(out) >= 0 else None
         elif target == 1:
             out = (a + max(0, k - b), max(0, b - k))
         else:
@@ -643,13 +649,15 @@ def pooled_comparison(results_dir, runs: dict, task: str, models: tuple, preset:
 
 def unseen_comparison(results_dir, runs: dict, task: str, models: tuple, preset: str,
                       seeds: tuple = SEEDS[1:],  # the seeds the pilot (chapter 5g) never trained: 1 and 2
-                      first: int = 1000,  # the pilot's test split: the first `PILOT_N_TEST` test examples
+                      first: int | None = None,  # default `PILOT_N_TEST`: the pilot's test split (chapter 5g)
                       ) -> dict | None:
     """`pooled_paired_bootstrap` of two models over `seeds` on the test examples from index `first` on: what nobody
     saw when the `cpu` preset was chosen (the pilot trains seed 0 and scores the first `first` test examples; the
     splits are nested, so those are the same examples). None unless every seed has both models' predictions and the
     test set is longer than `first`."""
-    return pooled_comparison(results_dir, runs, task, models, preset, seeds, first)
+    from hkt_nb.lra.pilot import PILOT_N_TEST
+
+    return pooled_comparison(results_dir, runs, task, models, preset, seeds, PILOT_N_TEST if first is None else first)
 
 
 PRESET_ORDER = ("paper", "cpu", "cpu_small", "smoke")  # largest first
@@ -826,9 +834,10 @@ def _counted_reasons(rows: list) -> str:
     return _listed([f"{k} {'is' if k == 1 else 'are'} {what}" for k, what in parts if k]) or "none is counted"
 
 
-def _listed(items: list) -> str:
-    "'a', 'a and b', 'a, b and c'; '' for none."
-    return items[0] if len(items) == 1 else (", ".join(items[:-1]) + " and " + items[-1] if items else "")
+def _listed(items, last: str = "and") -> str:
+    "'a', 'a and b', 'a, b and c' (or `last` before the final item); '' for none."
+    items = list(items)
+    return items[0] if len(items) == 1 else (f"{', '.join(items[:-1])} {last} {items[-1]}" if items else "")
 
 
 def _paired_note(tests: list) -> str:
@@ -849,9 +858,15 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
         names = [get_task(t).title or t for t in tasks]
         return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
 
-    def setting(s, t):  # a task's setting where its preset sets options: "ListOps (setting `short`, T = 128)"
+    def setting(s, t):  # where a preset sets options: "ListOps (setting `short`, T = 128, not the paper's `paper`, ...)"
         options, T = s["settings"][t]
-        return named([t]) + (f" (setting {', '.join(f'`{v}`' for v in options.values())}, T = {T})" if options else "")
+        if not options:
+            return named([t])
+        task = get_task(t)  # its default options are the paper's setting
+        differs = "" if {**task.options, **options} == task.options else (
+            f", not the paper's {', '.join(f'`{v}`' for v in task.options.values())} at T = {task.seq_len_for()}: "
+            "chapter 4a compares the two")
+        return named([t]) + f" (setting {', '.join(f'`{v}`' for v in options.values())}, T = {T}{differs})"
 
     results_dir = default_results_dir() if results_dir is None else results_dir
     status = grid_status(results_dir)  # read once: every record and prediction of every preset

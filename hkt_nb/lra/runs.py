@@ -203,12 +203,6 @@ def selection(record: dict) -> str:
     return record.get("selection", "val_acc")
 
 
-def _listed(names, last: str = "and") -> str:
-    "'A', 'A and B', 'A, B and C' (or `last`)."
-    names = list(names)
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
-
-
 def mix_moves(record: dict) -> dict:
     """The largest move of HKT's mixing weights from their uniform initial values in a run's record (`lambdas`: one
     H x L list per layer, `gates`: one list of H per layer; chapter 5, *Records*): `lambda` = max |lambda - 1/L| and
@@ -285,7 +279,7 @@ class Experiment:
         seed (`learned_the_task`, chapter 9) and, when one does not, that the differences involving it are not evidence
         at this preset (the HKT-MHA one among them when HKT or MHA fails), and `pilot_note`; says so when no baselines
         file exists."""
-        from hkt_nb.lra.results import learned_the_task  # chapter 9's rule, the one the results chapter counts by
+        from hkt_nb.lra.results import _listed, learned_the_task  # learned_the_task: chapter 9's rule
 
         saved, where = self.baselines(), f"baselines/{self.task}-{self.preset.name}.json"
         if not saved:
