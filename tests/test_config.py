@@ -199,6 +199,43 @@ def test_the_cpu_description_says_the_margin_is_on_validation_and_is_not_configu
     assert conforms_to_preset({**record, "config": {**record["config"], "preset_why": "an older description"}}, "cpu")
 
 
+def test_the_cpu_description_does_not_claim_the_pilot_sized_every_task():
+    """The `cpu` preset's `why` says that a task the pilot did not size (chapter 5g: no qualifying candidate decided
+    on, or the preset is not that candidate) trains at a provisional size, and is excluded where it failed; read
+    against the committed pilot records, so it cannot again claim that every task was sized by the pilot."""
+    from hkt_nb.lra.pilot import grid_candidate, load_pilot, pilot_decision
+
+    decisions = pilot_decision(*load_pilot(REPO / "results"))
+    sized = [t for t, d in decisions.items() if d["decided"] and d["chosen"] and grid_candidate(d["chosen"])]
+    why = PRESETS["cpu"].why
+    assert "chose where it decided on a candidate that qualified" in why
+    if set(decisions) - set(sized):
+        assert "provisional sizes elsewhere" in why and "failed the pilot is kept but excluded from the verdicts" in why
+
+
+def test_the_cpu_small_description_holds_for_its_committed_runs():
+    """`cpu_small`'s `why` says no model clears the task's strongest trivial baseline by more than test noise: every
+    committed `cpu_small` run either does not score above that baseline on test or is not above it by McNemar's exact
+    test at `ALPHA` (chapter 9), on the baseline's predictions for the same test examples."""
+    import numpy as np
+
+    from hkt_nb.lra.baselines import load_baselines
+    from hkt_nb.lra.results import ALPHA, load_predictions, load_runs, mcnemar_exact
+
+    assert "no model clears the task's strongest trivial baseline by more than test noise" in PRESETS["cpu_small"].why
+    results = REPO / "results"
+    runs, fits, checked = load_runs(results, "cpu_small"), load_baselines(results, "cpu_small"), 0
+    for task, fit in fits.items():
+        base = np.load(results / "baselines" / "predictions" / f"{task}-cpu_small-{fit['strongest']}.npz")
+        for record in (r for r in runs.values() if r["task"] == task):
+            predictions, labels = load_predictions(results, record)
+            assert np.array_equal(labels, base["labels"]), record["run"]
+            test = mcnemar_exact(predictions == labels, base["predictions"] == base["labels"])
+            assert test["difference"] <= 0 or test["p_value"] >= ALPHA, (record["run"], test)
+            checked += 1
+    assert checked >= 3 * len(fits) > 0, checked  # every task's runs were read
+
+
 @dataclasses.dataclass(frozen=True)
 class ExtendedTrainConfig(TrainConfig):
     "TrainConfig with a field added later, with a default (as a future version of the library might add one)."

@@ -715,3 +715,46 @@ def test_listed_joins_names_as_prose():
 
     assert [_listed([]), _listed(["a"]), _listed(["a", "b"]), _listed(iter("abc"))] == ["", "a", "a and b", "a, b and c"]
     assert _listed(("HKT", "MHA"), "or") == "HKT or MHA"
+
+
+def test_variant_grids_apply_rules_1_4_to_a_grid_the_preset_no_longer_trains(tmp_path):
+    "Review s10: the superseded ListOps grid is shown with its own verdict; runs of the preset itself are not in it."
+    from hkt_nb.lra.results import variant_grids
+
+    labels = np.arange(1000) % 10
+    for seed in SEEDS:
+        for model, acc in (("hkt", 0.6), ("mha", 0.4)):
+            name = _write_run(tmp_path, "listops", model, seed, acc, labels)
+            record = json.loads((tmp_path / f"{name}.json").read_text())
+            variant = f"listops-{model}-cpu-x1-seed{seed}"  # as scripts/supersede_runs.py names it
+            (tmp_path / "predictions" / f"{name}.npz").rename(tmp_path / "predictions" / f"{variant}.npz")
+            (tmp_path / f"{name}.json").unlink()
+            record.update(run=variant, variant="x1", overrides={"train": {"n_train": 500}},
+                          predictions_path=f"predictions/{variant}.npz",
+                          config={"train": {"n_train": 500, "epochs": 2}})
+            (tmp_path / f"{variant}.json").write_text(json.dumps(record))
+    _write_run(tmp_path, "listops", "hkt", 0, 0.7, labels)  # a run of the preset as it is: not a variant
+    (grid,) = variant_grids(tmp_path, "cpu")
+    assert (grid["task"], grid["variant"], grid["n_train"], grid["epochs"], grid["seeds"]) == ("listops", "x1", 500, 2, [0, 1, 2])
+    rows = {r["models"]: r for r in grid["rows"]}
+    assert rows["hkt", "mha"]["rule"] == "hkt better than mha"  # 200 of 1,000 examples only hkt gets right, each seed
+    assert [c["difference"] for c in rows["hkt", "mha"]["comparisons"]] == pytest.approx([0.2] * 3)
+    assert rows["hkt", "hkt_l1"]["rule"].startswith("inconclusive")  # hkt_l1 never ran in this grid
+    assert all(r["test_acc"] == 0.6 for n, r in grid["runs"].items() if "-hkt-" in n)
+    assert variant_grids(tmp_path, "cpu_small") == []
+
+
+def test_learned_the_task_needs_mcnemar_against_the_baseline_where_tested():
+    "Review s10: a run a few examples above the bar has not learned the task when McNemar's p >= alpha."
+    from hkt_nb.lra.results import learned_the_task
+
+    runs = {run_name("listops", "hkt", "cpu", s): {"test_acc": acc} for s, acc in zip(SEEDS, (0.40, 0.36, 0.34))}
+    base = {"listops": {"strongest": "rule", "baselines": {"rule": {"test_acc": 0.35}}}}
+    untested = learned_the_task(runs, base, "listops", "hkt", "cpu")
+    assert untested["below"] == [2] and untested["not_significant"] == []
+    tests = {0: {"p_value": 1e-6}, 1: {"p_value": 0.3}, 2: {"p_value": 0.5}}  # seed 1: above the bar, not significant
+    tested = learned_the_task(runs, base, "listops", "hkt", "cpu", tests=tests)
+    assert tested["below"] == [1, 2] and tested["not_significant"] == [1] and tested["learned"] is False
+    passing = {name: {"test_acc": 0.40} for name in runs}
+    assert learned_the_task(passing, base, "listops", "hkt", "cpu", tests={s: {"p_value": 0.01} for s in SEEDS})["learned"]
+    assert learned_the_task(passing, base, "listops", "hkt", "cpu", tests={0: {"p_value": 0.05}})["below"] == [0]

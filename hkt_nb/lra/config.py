@@ -102,14 +102,14 @@ PRESETS = {
         train=TrainConfig(epochs=2, batch_size=32, lr=2e-3, warmup_frac=0.1, n_train=256, n_val=128, n_test=128),
     ),
     "cpu": Preset(
-        "cpu", "sized by the pilot of chapter 5g, which asks both models to pass the task's strongest trivial baseline by a margin on validation (a task whose setting fails it is excluded from the verdicts; chapter 5g says where each task stands); scored on larger test sets than `cpu_small` (chapter 5 lists them)",
+        "cpu", "the sizes the pilot of chapter 5g chose where it decided on a candidate that qualified (the pilot asks both models to pass the task's strongest trivial baseline by a margin on validation), provisional sizes elsewhere; a task whose `cpu` setting failed the pilot is kept but excluded from the verdicts (chapter 5g says where each task stands); scored on larger test sets than `cpu_small` (chapter 5 lists them)",
         model=dict(d_model=64, n_heads=4, n_layers=2, dropout=0.1, n_levels=3),
         train=TrainConfig(epochs=5, batch_size=32, lr=1e-3, warmup_frac=0.1, n_val=1000, n_test=None,
                           save_model=True),
         seeds=SEEDS,
     ),
     "cpu_small": Preset(
-        "cpu_small", "the first CPU preset, kept for its trained models (the theory chapters read them): too few examples for the models to learn past the trivial baselines (chapter 5's pilot)",
+        "cpu_small", "the first CPU preset, kept for its trained models (the theory chapters read them): too few examples: no model clears the task's strongest trivial baseline by more than test noise (McNemar's test, chapter 9)",
         model=dict(d_model=64, n_heads=4, n_layers=2, dropout=0.1, n_levels=3),
         train=TrainConfig(epochs=5, batch_size=32, lr=1e-3, warmup_frac=0.1, n_val=1000, n_test=2000,
                           save_model=True),

@@ -10,7 +10,7 @@ __all__ = ['EXPECTED_MODELS', 'PAIRS', 'PAPER_REPORTED', 'ALPHA', 'VERDICT_RULES
            'flips_to', 'verdict_margin', 'flips_along', 'margin_along', 'learned_the_task', 'counted_verdict',
            'against_baseline', 'pilot_exclusions', 'seeds_as_replicates', 'pooled_comparison', 'unseen_comparison',
            'grid_status', 'complete_tasks', 'choose_preset', 'task_scales', 'results_summary', 'summary_markdown',
-           'established_sentences', 'run_grid']
+           'established_sentences', 'run_grid', 'variant_grids']
 
 # %% ../../nbs/09_results.ipynb #87d7b9c2
 import math
@@ -40,7 +40,8 @@ VERDICT_RULES = (
     "4. Anything else is 'inconclusive'. 'No difference' is never a verdict: failing to detect a difference "
     "does not establish equality.\n"
     "5. A comparison counts only when both models have learned the task: every finished run of each has a higher "
-    "test accuracy than the task's strongest trivial baseline (chapter 4). Otherwise its outcome under rules 1-4 "
+    "test accuracy than the task's strongest trivial baseline (chapter 4) and, where both have saved test "
+    "predictions, differs from it by McNemar's exact test (p < 0.05) on the same test examples. Otherwise its outcome under rules 1-4 "
     "is shown but the verdict is 'excluded'. At the cpu preset a task also counts only if, in its pilot (chapter "
     "5g), both models of the cpu setting beat that baseline on validation by 5 points; otherwise it is 'excluded'.\n"
     "6. One test pools the seeds: the paired bootstrap 95 % interval of the three-seed mean of "
@@ -522,10 +523,15 @@ WHAT_IS_COMPARED = {  # what a comparison of two arms changes (chapter 3 and the
 
 def learned_the_task(runs: dict,  # from `load_runs`
                      baselines: dict,  # task -> saved baselines (`hkt_nb.lra.baselines.load_baselines`)
-                     task: str, model: str, preset: str, seeds: tuple = SEEDS) -> dict:
-    """Whether every finished run of `model` on `task` beats the task's strongest trivial baseline on test accuracy:
-    `learned` (True / False; None without runs or without baselines), `baseline` (its name), `bar` (its test
-    accuracy), `accuracies` {seed: acc} and `below` (the seeds at or below the bar)."""
+                     task: str, model: str, preset: str, seeds: tuple = SEEDS,
+                     tests: dict | None = None,  # `against_baseline` of this model: {seed: McNemar against the baseline}
+                     alpha: float = ALPHA,
+                     ) -> dict:
+    """Whether every finished run of `model` on `task` clears the task's strongest trivial baseline on the test set
+    (rule 5): a higher test accuracy and, for a seed that `tests` covers, McNemar's p < `alpha` against it on the
+    same test examples. Returns `learned` (True / False; None without runs or without baselines), `baseline` (its
+    name), `bar` (its test accuracy), `accuracies` {seed: acc}, `below` (the seeds that do not clear it) and
+    `not_significant` (those of them above the bar with p >= `alpha`)."""
     accuracies = {s: runs[run_name(task, model, preset, s)]["test_acc"] for s in seeds
                   if run_name(task, model, preset, s) in runs}
     saved = baselines.get(task)
@@ -533,9 +539,10 @@ def learned_the_task(runs: dict,  # from `load_runs`
         return {"learned": None, "baseline": None, "bar": None, "accuracies": accuracies, "below": []}
     name = saved["strongest"]
     bar = saved["baselines"][name]["test_acc"]
-    below = [s for s, acc in accuracies.items() if acc <= bar]
+    weak = [s for s, acc in accuracies.items() if acc > bar and s in (tests or {}) and tests[s]["p_value"] >= alpha]
+    below = sorted([s for s, acc in accuracies.items() if acc <= bar] + weak)
     return {"learned": (not below) if accuracies else None, "baseline": name, "bar": bar,
-            "accuracies": accuracies, "below": below}
+            "accuracies": accuracies, "below": below, "not_significant": weak}
 
 
 def counted_verdict(rule_verdict: str,  # `verdict(...)` of the comparison
@@ -546,7 +553,7 @@ def counted_verdict(rule_verdict: str,  # `verdict(...)` of the comparison
     if failed:
         bar = learned_a["baseline"]
         return (f"excluded ({' and '.join(failed)} {'has' if len(failed) == 1 else 'have'} not learned the task: "
-                f"not above its strongest baseline, {bar}, on every seed)")
+                f"not clearly above its strongest baseline, {bar}, on every seed)")
     if learned_a["learned"] is None or learned_b["learned"] is None:
         return (f"{rule_verdict} (not checked against baselines)" if learned_a["bar"] is None
                 else rule_verdict)
@@ -651,9 +658,10 @@ def unseen_comparison(results_dir, runs: dict, task: str, models: tuple, preset:
                       seeds: tuple = SEEDS[1:],  # the seeds the pilot (chapter 5g) never trained: 1 and 2
                       first: int | None = None,  # default `PILOT_N_TEST`: the pilot's test split (chapter 5g)
                       ) -> dict | None:
-    """`pooled_paired_bootstrap` of two models over `seeds` on the test examples from index `first` on: what nobody
-    saw when the `cpu` preset was chosen (the pilot trains seed 0 and scores the first `first` test examples; the
-    splits are nested, so those are the same examples). None unless every seed has both models' predictions and the
+    """`pooled_paired_bootstrap` of two models over `seeds` on the test examples from index `first` on: networks
+    trained after the `cpu` preset was chosen, on examples the pilot did not score (the pilot trains seed 0 and
+    scores the first `first` test examples; the splits are nested, so those are the same examples; a grid the
+    preset no longer trains may have been scored on the rest, `variant_grids`). None unless every seed has both models' predictions and the
     test set is longer than `first`."""
     from hkt_nb.lra.pilot import PILOT_N_TEST
 
@@ -719,8 +727,9 @@ def results_summary(results_dir, preset: str,
         raise KeyError(f"unknown tasks {unknown}; expected some of {list(EXPECTED_MODELS)}")
     runs = load_runs(results_dir, preset)
     baselines = {t: b for t, b in load_baselines(results_dir, preset).items() if t in tasks}
-    learned = {(t, m): learned_the_task(runs, baselines, t, m, preset) for t in tasks for m in EXPECTED_MODELS[t]}
     against = {(t, m): against_baseline(results_dir, runs, baselines, t, m, preset)
+               for t in tasks for m in EXPECTED_MODELS[t]}
+    learned = {(t, m): learned_the_task(runs, baselines, t, m, preset, tests=against[t, m])
                for t in tasks for m in EXPECTED_MODELS[t]}
     pilot = {t: why for t, why in pilot_exclusions(results_dir, preset).items() if t in tasks}
     rows = []
@@ -790,8 +799,9 @@ def summary_markdown(summary: dict) -> str:
                          + (f"p = {rep['p_value']:.2g}" if rep["p_value"] is not None else "no p-value")
                          + f", and a sign test with {rep['n']} seeds cannot go below p = {rep['sign_floor']:g}: whether the "
                          "architectures differ beyond these seeds is not established."
-                         + (f" On what nobody had seen when the preset was chosen (seeds {', '.join(map(str, SEEDS[1:]))}, "
-                            f"test examples from {r['n_test'] - r['unseen']['n'] + 1:,} on) the mean difference is "
+                         + (f" On networks trained after the preset was chosen (seeds {', '.join(map(str, SEEDS[1:]))}), "
+                            f"scored on the test examples the pilot did not score (from {r['n_test'] - r['unseen']['n'] + 1:,} "
+                            "on; any grid the preset no longer trains was scored on them too), the mean difference is "
                             f"{100 * r['unseen']['difference']:+.2f} points (95 % interval {100 * r['unseen']['low']:+.2f} "
                             f"to {100 * r['unseen']['high']:+.2f})." if r.get("unseen") else ""))
     rest = [r for r in rows if r not in decided and r not in unrun]
@@ -824,11 +834,11 @@ def _seeds_run(status: dict, models: list) -> str:
 
 
 def _counted_reasons(rows: list) -> str:
-    "'k are excluded by the pilot, k ... a model at or below the baseline, k inconclusive, k not yet run' (k > 0 only)."
+    "'k are excluded by the pilot, k ... a model not clearly above the baseline, k inconclusive, k not yet run' (k > 0 only)."
     pilot = sum(r["counted"].startswith("excluded (in the pilot") for r in rows)
     below = sum(r["counted"].startswith("excluded") for r in rows) - pilot
     parts = [(pilot, "excluded because the pilot excludes the task"),
-             (below, "excluded because a model is at or below its task's strongest trivial baseline"),
+             (below, "excluded because a model is not clearly above its task's strongest trivial baseline"),
              (sum(r["counted"].startswith("inconclusive") for r in rows), "inconclusive"),
              (sum(r["counted"] == "not yet run" for r in rows), "not yet run")]
     return _listed([f"{k} {'is' if k == 1 else 'are'} {what}" for k, what in parts if k]) or "none is counted"
@@ -985,3 +995,27 @@ def run_grid(results_dir,  # folder holding the run records
                 rows.append({"task": task, "model": model, "seed": seed, "status": status,
                              "test_acc": record["test_acc"] if record else None})
     return rows
+
+# %% ../../nbs/09_results.ipynb #a9f35d77
+def variant_grids(results_dir, preset: str = "cpu") -> list:
+    """The finished variant runs of `preset` (`<task>-<model>-<preset>-<variant>-seed<k>`, e.g. the runs of a size
+    the preset no longer trains), one dict per (task, variant): `task`, `variant`, `preset`, `overrides` (its differences from
+    the preset), `n_train`, `epochs`, `seeds`, `runs` (keyed by the names `run_name` gives them at `preset`, so the
+    functions of this chapter read them as a grid), and `rows`, one per comparison of `PAIRS[task]`: `models`,
+    `comparisons` (per seed, `compare_on_seed`; None where a run is missing) and `rule` (`verdict`, rules 1-4)."""
+    groups = {}
+    for record in load_runs(results_dir).values():
+        if record.get("variant") and record.get("preset") == preset:
+            key = (record["task"], record["variant"])
+            groups.setdefault(key, {})[run_name(record["task"], record["model"], preset, record["seed"])] = record
+    grids = []
+    for (task, variant), runs in sorted(groups.items()):
+        rows = []
+        for a, b in PAIRS.get(task, ()):
+            cs = [compare_on_seed(results_dir, runs, task, (a, b), preset, s) for s in SEEDS]
+            rows.append({"models": (a, b), "comparisons": cs, "rule": verdict(cs)})
+        first = next(iter(runs.values()))
+        grids.append({"task": task, "variant": variant, "preset": preset, "overrides": first.get("overrides"),
+                      "n_train": first["config"]["train"]["n_train"], "epochs": first["config"]["train"]["epochs"],
+                      "seeds": sorted({r["seed"] for r in runs.values()}), "runs": runs, "rows": rows})
+    return grids

@@ -279,7 +279,7 @@ class Experiment:
         seed (`learned_the_task`, chapter 9) and, when one does not, that the differences involving it are not evidence
         at this preset (the HKT-MHA one among them when HKT or MHA fails), and `pilot_note`; says so when no baselines
         file exists."""
-        from hkt_nb.lra.results import _listed, learned_the_task  # learned_the_task: chapter 9's rule
+        from hkt_nb.lra.results import _listed, against_baseline, learned_the_task  # chapter 9's rule 5
 
         saved, where = self.baselines(), f"baselines/{self.task}-{self.preset.name}.json"
         if not saved:
@@ -288,15 +288,20 @@ class Experiment:
                     "checked, and no difference between them is read as evidence here.")
         runs = {run_name(self.task, m, self.preset.name, s): r for (m, s), r in self.results.items()}
         models = list(dict.fromkeys(m for m, _ in self.results))
-        status = {m: learned_the_task(runs, {self.task: saved}, self.task, m, self.preset.name,
-                                      tuple(s for model, s in self.results if model == m)) for m in models}
+        seeds = {m: tuple(s for model, s in self.results if model == m) for m in models}
+        tests = {m: against_baseline(self.results_dir, runs, {self.task: saved}, self.task, m, self.preset.name, seeds[m])
+                 if self.results_dir is not None else None for m in models}  # McNemar against it, where saved
+        status = {m: learned_the_task(runs, {self.task: saved}, self.task, m, self.preset.name, seeds[m], tests[m])
+                  for m in models}
         name = saved["strongest"]
         bar = f"{name} ({100 * saved['baselines'][name]['test_acc']:.2f} % on the test set)"
+        tested = (" (McNemar's test against it on the same test examples: p < 0.05 for each run)"
+                  if all(tests[m] and len(tests[m]) == len(seeds[m]) for m in models) else "")
         passed = [m.upper() for m in models if status[m]["learned"]]
         failed = [m for m in models if not status[m]["learned"]]
         if not failed:
             return (f"On the test set every model here ({_listed(passed)}) beats the strongest trivial baseline, "
-                    f"{bar}, on every seed.") + self.pilot_note()
+                    f"{bar}, on every seed{tested}.") + self.pilot_note()
         def at_or_below(m):  # "MHA 34.75 %, 34.20 % on seeds 0, 1"
             seeds = status[m]["below"]
             scores = ", ".join(f"{100 * status[m]['accuracies'][s]:.2f} %" for s in seeds)
@@ -310,7 +315,7 @@ class Experiment:
             head = f"On the test set no model here beats the strongest trivial baseline, {bar}, on every seed"
         among = (", the HKT–MHA difference among them"
                  if {"hkt", "mha"} <= set(models) and {"hkt", "mha"} & set(failed) else "")
-        return (f"{head} (at or below it: {'; '.join(map(at_or_below, failed))}): at this preset a difference involving "
+        return (f"{head} (not clearly above it: {'; '.join(map(at_or_below, failed))}): at this preset a difference involving "
                 f"{_listed((m.upper() for m in failed), 'or')} is not evidence about the architectures{among}."
                 + self.pilot_note())
 
