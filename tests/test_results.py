@@ -758,3 +758,25 @@ def test_learned_the_task_needs_mcnemar_against_the_baseline_where_tested():
     passing = {name: {"test_acc": 0.40} for name in runs}
     assert learned_the_task(passing, base, "listops", "hkt", "cpu", tests={s: {"p_value": 0.01} for s in SEEDS})["learned"]
     assert learned_the_task(passing, base, "listops", "hkt", "cpu", tests={0: {"p_value": 0.05}})["below"] == [0]
+
+
+def test_first_page_names_a_superseded_grid_and_its_rules_1_4_outcome(tmp_path):
+    "Review s10: the first page's second sentence says an earlier grid exists, what it decided, and that it is not counted."
+    from hkt_nb.lra.results import established_sentences
+
+    labels = np.arange(1000) % 10
+    for seed in SEEDS:
+        for model, acc in (("hkt", 0.6), ("mha", 0.4)):
+            name = _write_run(tmp_path, "listops", model, seed, acc, labels)
+            record = json.loads((tmp_path / f"{name}.json").read_text())
+            variant = f"listops-{model}-cpu-x1-seed{seed}"
+            (tmp_path / "predictions" / f"{name}.npz").rename(tmp_path / "predictions" / f"{variant}.npz")
+            (tmp_path / f"{name}.json").unlink()
+            record.update(run=variant, variant="x1", predictions_path=f"predictions/{variant}.npz",
+                          config={"train": {"n_train": 500, "epochs": 2}})
+            (tmp_path / f"{variant}.json").write_text(json.dumps(record))
+    _write_grid(tmp_path, "listops", "cpu_small", {m: 0.2 for m in EXPECTED_MODELS["listops"]}, labels)
+    _write_baseline(tmp_path, "listops", "cpu_small", 0.25)
+    text = established_sentences(tmp_path)
+    assert ("nor what the earlier ListOps grid of the `cpu` preset shows, at a size the preset no longer trains and seen "
+            "before its present size was chosen (under rules 1-4: hkt better than mha; not counted, shown in chapter 9)") in text

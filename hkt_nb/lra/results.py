@@ -945,6 +945,13 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
     if not found and not missing:
         return (f"No finished runs are on disk here, so nothing about accuracy is established on this page; the "
                 "layer, its cost and the theory chapters' properties are proved or measured where they are stated.")
+    for grid in (g for name in PRESET_ORDER for g in variant_grids(results_dir, name)):  # superseded sizes
+        decided = [f"{r['models'][0]} better than {r['models'][1]}" if r["rule"].startswith(r["models"][0]) else r["rule"]
+                   for r in grid["rows"] if not r["rule"].startswith("inconclusive")]
+        missing.append(f"what the earlier {named([grid['task']])} grid of the `{grid['preset']}` preset shows, at a "
+                       "size the preset no longer trains and seen before its present size was chosen ("
+                       + (f"under rules 1-4: {_listed(decided)}" if decided else "no comparison decided under rules 1-4")
+                       + "; not counted, shown in chapter 9)")
     first = ("Established: the layer is implemented and tested as the book derives it; "
              + ("; ".join(found) if found else "no comparison between the models is decided") + ".")
     second = ("Not established: whether HKT beats standard attention at the paper's scale, which needs a GPU and has "
