@@ -8,7 +8,11 @@ if [ -z "${BIN:-}" ] && [ -x .venv/bin/nbdev_export ]; then BIN=.venv/bin; fi
 tool() { if [ -n "${BIN:-}" ]; then "$BIN/$1"; else "$1"; fi; }
 snapshot() { find "$1" -type f \( -name '*.py' -o -name '*.ipynb' \) -not -path '*/.ipynb_checkpoints/*' -print0 | sort -z | xargs -0 sha256sum; }
 lib_before=$(snapshot hkt_nb); nbs_before=$(snapshot nbs)
+# nbdev_export rewrites pyproject.toml even when nothing changes; keep its time then, or make would reinstall .venv
+pyproject_copy=$(mktemp); cp -p pyproject.toml "$pyproject_copy"
 tool nbdev_export
+if cmp -s pyproject.toml "$pyproject_copy"; then touch -r "$pyproject_copy" pyproject.toml; fi
+rm -f "$pyproject_copy"
 tool nbdev_clean
 status=0
 if [ "$lib_before" != "$(snapshot hkt_nb)" ]; then

@@ -11,9 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # chapters whose parameters cell papermill cannot fully read yet (the chapters' owners fix them: issue 9 item 11)
 # (not strict: the lead removes an entry once the fixed chapter is merged)
-KNOWN_FAILING: dict[str, str] = {
-    "14_approximation.ipynb": "papermill sees 2 of 8 parameters (a tuple assignment; an `=` inside a comment)",
-}
+KNOWN_FAILING: dict[str, str] = {}
 
 
 def parameter_cell(path: Path):
