@@ -922,13 +922,14 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
                                      + f" (comparing {r['compared']})" for r in decided))
             missing.append("whether " + " or ".join(f"{r['models'][0]} beats {r['models'][1]} as an architecture beyond "
                                                     "these seeds (the seeds as replicates do not decide it)" for r in decided))
-            for r in decided:
-                others = [o for o in s["rows"] if o["task"] == r["task"] and o is not r and o["models"][0] == r["models"][0]
-                          and o not in decided and o["counted"] != "not yet run"]
-                if others:
-                    undecided = "; ".join(f"{o['models'][0]} against {o['models'][1]} is not decided" for o in others)
-                    missing.append(f"which part of the package the difference on {named([r['task']])} comes from "
-                                   f"({undecided})")
+            earlier = {(g["task"], row["models"]): row["rule"] for g in variant_grids(results_dir, s["preset"])
+                       for row in g["rows"]}  # the same comparisons on a grid of a size the preset no longer trains
+            unrepeated = [r for r in decided if (r["task"], r["models"]) in earlier
+                          and earlier[r["task"], r["models"]] != r["counted"]]
+            if unrepeated:
+                missing.append("that " + " or ".join(f"{r['models'][0]} against {r['models'][1]}" for r in unrepeated)
+                               + f" holds at another size: the earlier `{s['preset']}` grid did not decide "
+                               + ("it" if len(unrepeated) == 1 else "them"))
         elif len(learned) == len(tasks):
             found.append(f"at the small `{s['preset']}` scale on {where}, every model beats the trivial baselines and "
                          "no comparison between the models is decided")
