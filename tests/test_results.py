@@ -717,22 +717,28 @@ def test_listed_joins_names_as_prose():
     assert _listed(("HKT", "MHA"), "or") == "HKT or MHA"
 
 
+def _write_variant_grid(folder, accuracies=(("hkt", 0.6), ("mha", 0.4))):
+    """A finished ListOps `cpu` grid of variant x1 (n_train 500, 2 epochs) on 1,000 test labels, named as
+    scripts/supersede_runs.py names superseded runs; returns the labels."""
+    labels = np.arange(1000) % 10
+    for seed in SEEDS:
+        for model, acc in accuracies:
+            name = _write_run(folder, "listops", model, seed, acc, labels)
+            record = json.loads((folder / f"{name}.json").read_text())
+            variant = f"listops-{model}-cpu-x1-seed{seed}"
+            (folder / "predictions" / f"{name}.npz").rename(folder / "predictions" / f"{variant}.npz")
+            (folder / f"{name}.json").unlink()
+            record.update(run=variant, variant="x1", overrides={"train": {"n_train": 500}},
+                          predictions_path=f"predictions/{variant}.npz", config={"train": {"n_train": 500, "epochs": 2}})
+            (folder / f"{variant}.json").write_text(json.dumps(record))
+    return labels
+
+
 def test_variant_grids_apply_rules_1_4_to_a_grid_the_preset_no_longer_trains(tmp_path):
     "Review s10: the superseded ListOps grid is shown with its own verdict; runs of the preset itself are not in it."
     from hkt_nb.lra.results import variant_grids
 
-    labels = np.arange(1000) % 10
-    for seed in SEEDS:
-        for model, acc in (("hkt", 0.6), ("mha", 0.4)):
-            name = _write_run(tmp_path, "listops", model, seed, acc, labels)
-            record = json.loads((tmp_path / f"{name}.json").read_text())
-            variant = f"listops-{model}-cpu-x1-seed{seed}"  # as scripts/supersede_runs.py names it
-            (tmp_path / "predictions" / f"{name}.npz").rename(tmp_path / "predictions" / f"{variant}.npz")
-            (tmp_path / f"{name}.json").unlink()
-            record.update(run=variant, variant="x1", overrides={"train": {"n_train": 500}},
-                          predictions_path=f"predictions/{variant}.npz",
-                          config={"train": {"n_train": 500, "epochs": 2}})
-            (tmp_path / f"{variant}.json").write_text(json.dumps(record))
+    labels = _write_variant_grid(tmp_path)
     _write_run(tmp_path, "listops", "hkt", 0, 0.7, labels)  # a run of the preset as it is: not a variant
     (grid,) = variant_grids(tmp_path, "cpu")
     assert (grid["task"], grid["variant"], grid["n_train"], grid["epochs"], grid["seeds"]) == ("listops", "x1", 500, 2, [0, 1, 2])
@@ -764,17 +770,7 @@ def test_first_page_names_a_superseded_grid_and_its_rules_1_4_outcome(tmp_path):
     "Review s10: the first page's second sentence says an earlier grid exists, what it decided, and that it is not counted."
     from hkt_nb.lra.results import established_sentences
 
-    labels = np.arange(1000) % 10
-    for seed in SEEDS:
-        for model, acc in (("hkt", 0.6), ("mha", 0.4)):
-            name = _write_run(tmp_path, "listops", model, seed, acc, labels)
-            record = json.loads((tmp_path / f"{name}.json").read_text())
-            variant = f"listops-{model}-cpu-x1-seed{seed}"
-            (tmp_path / "predictions" / f"{name}.npz").rename(tmp_path / "predictions" / f"{variant}.npz")
-            (tmp_path / f"{name}.json").unlink()
-            record.update(run=variant, variant="x1", predictions_path=f"predictions/{variant}.npz",
-                          config={"train": {"n_train": 500, "epochs": 2}})
-            (tmp_path / f"{variant}.json").write_text(json.dumps(record))
+    labels = _write_variant_grid(tmp_path)
     _write_grid(tmp_path, "listops", "cpu_small", {m: 0.2 for m in EXPECTED_MODELS["listops"]}, labels)
     _write_baseline(tmp_path, "listops", "cpu_small", 0.25)
     text = established_sentences(tmp_path)
