@@ -881,6 +881,7 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
     results_dir = default_results_dir() if results_dir is None else results_dir
     status = grid_status(results_dir)  # read once: every record and prediction of every preset
     cpu_pilot = pilot_exclusions(results_dir, "cpu")  # the tasks the pilot excludes (chapter 5g)
+    variants = {name: variant_grids(results_dir, name) for name in PRESET_ORDER}  # superseded sizes, read once
     shown, scales = choose_preset(results_dir, preset, status)[0], task_scales(results_dir, preset, status)
     summaries = [results_summary(results_dir, name, [t for t in scales if scales[t] == name])
                  for name in dict.fromkeys(sorted(scales.values(), key=_preset_rank))]
@@ -922,7 +923,7 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
                                      + f" (comparing {r['compared']})" for r in decided))
             missing.append("whether " + " or ".join(f"{r['models'][0]} beats {r['models'][1]} as an architecture beyond "
                                                     "these seeds (the seeds as replicates do not decide it)" for r in decided))
-            earlier = {(g["task"], row["models"]): row["rule"] for g in variant_grids(results_dir, s["preset"])
+            earlier = {(g["task"], row["models"]): row["rule"] for g in variants.get(s["preset"], [])
                        for row in g["rows"]}  # the same comparisons on a grid of a size the preset no longer trains
             unrepeated = [r for r in decided if (r["task"], r["models"]) in earlier
                           and earlier[r["task"], r["models"]] != r["counted"]]
@@ -946,7 +947,7 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
     if not found and not missing:
         return (f"No finished runs are on disk here, so nothing about accuracy is established on this page; the "
                 "layer, its cost and the theory chapters' properties are proved or measured where they are stated.")
-    for grid in (g for name in PRESET_ORDER for g in variant_grids(results_dir, name)):  # superseded sizes
+    for grid in (g for grids in variants.values() for g in grids):
         decided = [f"{r['models'][0]} better than {r['models'][1]}" if r["rule"].startswith(r["models"][0]) else r["rule"]
                    for r in grid["rows"] if not r["rule"].startswith("inconclusive")]
         missing.append(f"what the earlier {named([grid['task']])} grid of the `{grid['preset']}` preset shows, at a "
