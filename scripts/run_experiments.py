@@ -1,7 +1,7 @@
 """Run the book's training runs in order of information per hour, skipping those already finished.
 
     python scripts/run_experiments.py [--preset cpu] [--jobs 2] [--threads 1] [--only listops] [--stop-at 21:20]
-                                      [--dry-run]
+                                      [--models hkt mha] [--seeds 3 4 5 6 7 8 9] [--dry-run]
 
 Each run is one `hkt-train` process (resumable: it checkpoints every epoch, so a stopped queue loses at most
 the epoch in progress). `--jobs` processes run at once, each with `--threads` torch threads; on a 2-core
@@ -13,6 +13,8 @@ candidate failed) is run last: its runs are kept for the record, but no verdict 
 `--stop-at HH:MM` (UTC, today or, if past, tomorrow) starts no run whose estimated training time (chapter 5f's
 `estimate_seconds`, times `SAFETY`) would end after it: a run of one long epoch that a stopped session would cut
 short loses that epoch, so it waits for the next queue instead.
+`--models` keeps only those models of each task, and `--seeds` trains those seeds instead of the preset's (e.g. the
+fresh seeds 3-9 of the results chapter's seed-level rule, rule 7, on the `cpu` preset as it is).
 """
 from __future__ import annotations
 
@@ -84,8 +86,10 @@ def excluded(preset: str, results_dir: Path) -> set[str]:
     return set(pilot_exclusions(results_dir, preset))
 
 
-def queue(preset: str, only: set[str] | None, results_dir: Path) -> list[tuple[str, str, int]]:
-    """The runs still to do: every (task, model, seed) of `plan()` and the preset's seeds without a finished record;
+def queue(preset: str, only: set[str] | None, results_dir: Path, models: set[str] | None = None,
+          seeds: list[int] | None = None) -> list[tuple[str, str, int]]:
+    """The runs still to do: every (task, model, seed) of `plan()` (only `models`, when given) and the preset's seeds
+    (or `seeds`) without a finished record;
     for a task whose pilot has not decided (`undecided`), seed 0 only; the runs of a task the pilot excluded
     (`excluded`) after every other task's."""
     from hkt_nb.lra.config import get_preset
@@ -96,9 +100,9 @@ def queue(preset: str, only: set[str] | None, results_dir: Path) -> list[tuple[s
         get_task(task)  # KeyError listing the registered tasks
     waiting = undecided(preset, results_dir)
     todo = []
-    for seed in get_preset(preset).seeds:  # seed-major inside a task: three seeds of a pair beat six of one
+    for seed in seeds if seeds is not None else get_preset(preset).seeds:  # seed-major: 3 seeds of a pair beat 6 of one
         for task, model in runs:
-            if only and task not in only:
+            if (only and task not in only) or (models and model not in models):
                 continue
             if task in waiting and seed != 0:
                 continue
@@ -117,11 +121,13 @@ def main() -> None:
     p.add_argument("--only", nargs="*", default=None, help="tasks to run (default: all)")
     p.add_argument("--results-dir", default="results")
     p.add_argument("--stop-at", default=None, help="HH:MM UTC: start no run estimated to end after it")
+    p.add_argument("--models", nargs="*", default=None, help="models to run (default: each task's own)")
+    p.add_argument("--seeds", nargs="*", type=int, default=None, help="seeds to run (default: the preset's)")
     p.add_argument("--dry-run", action="store_true", help="print the queue and exit")
     a = p.parse_args()
     deadline = parse_stop_at(a.stop_at, time.time())
     results_dir = Path(a.results_dir)
-    todo = queue(a.preset, set(a.only) if a.only else None, results_dir)
+    todo = queue(a.preset, set(a.only) if a.only else None, results_dir, set(a.models) if a.models else None, a.seeds)
     from hkt_nb.lra.config import run_name
     from hkt_nb.lra.workspace import estimate_seconds
     waiting = undecided(a.preset, results_dir) & (set(a.only) if a.only else set(plan_tasks()))

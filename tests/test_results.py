@@ -776,3 +776,43 @@ def test_first_page_names_a_superseded_grid_and_its_rules_1_4_outcome(tmp_path):
     text = established_sentences(tmp_path)
     assert ("nor what the earlier ListOps grid of the `cpu` preset shows, at a size the preset no longer trains and seen "
             "before its present size was chosen (under rules 1-4: hkt better than mha; not counted, shown in chapter 9)") in text
+
+
+def test_seed_level_test_is_the_exact_wilcoxon_signed_rank_test():
+    # rule 7 (chapter 9): known answers of the exact null (2^7 sign flips), scipy's exact method where there are no
+    # ties, ties kept as ties after a float rounding error, and the t-interval of the mean
+    from scipy import stats
+    from hkt_nb.lra.results import seed_level_test
+
+    seven = [0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07]
+    assert math.isclose(seed_level_test(seven)["p_value"], 2 / 128)
+    assert math.isclose(seed_level_test([-x for x in seven])["p_value"], 2 / 128)
+    assert math.isclose(seed_level_test([-0.01, *seven[1:]])["p_value"], 4 / 128)
+    mixed = [0.013, -0.021, 0.034, 0.045, -0.0052, 0.061, 0.072]
+    assert math.isclose(seed_level_test(mixed)["p_value"], stats.wilcoxon(mixed, method="exact").pvalue)
+    tied = seed_level_test([0.4342 - 0.4039, 0.4242 - 0.3939, 0.01, 0.02, 0.04, 0.05, 0.06])
+    assert tied["positive_ranks"] == 28.0 and math.isclose(tied["p_value"], 2 / 128)
+    t = stats.ttest_1samp(mixed, 0.0).confidence_interval(0.95)
+    got = seed_level_test(mixed)
+    assert math.isclose(got["low"], t.low) and math.isclose(got["high"], t.high)
+    assert seed_level_test([0.0, 0.0])["p_value"] == 1.0 and seed_level_test([0.02])["low"] is None
+    for bad in ([], [float("nan"), 0.1]):
+        with pytest.raises(ValueError, match="finite per-seed difference"):
+            seed_level_test(bad)
+
+
+def test_seed_level_verdict_decides_on_the_fresh_seeds_only():
+    from hkt_nb.lra.results import FRESH_SEEDS, seed_level_verdict
+
+    assert FRESH_SEEDS == (3, 4, 5, 6, 7, 8, 9)
+    up = {s: 0.01 * (s - 2) for s in FRESH_SEEDS}
+    assert seed_level_verdict(up, ("hkt", "mha"))["verdict"] == "hkt better than mha"
+    assert seed_level_verdict({s: -d for s, d in up.items()}, ("hkt", "mha"))["verdict"] == "mha better than hkt"
+    # seeds 0-2 are reported beside the rule (all_seeds) but never decide it
+    seen = {0: -0.05, 1: -0.05, 2: -0.05, **up}
+    rule = seed_level_verdict(seen, ("hkt", "mha"))
+    assert rule["verdict"] == "hkt better than mha" and rule["all_seeds"]["n"] == 10 and rule["test"]["n"] == 7
+    assert seed_level_verdict({0: 0.03, 1: 0.03, 2: 0.03}, ("hkt", "mha"))["verdict"] == "not yet run (0 of 7 seeds)"
+    assert seed_level_verdict(up, ("hkt", "mha"), learned=False)["verdict"].startswith("excluded")
+    split = {**up, 3: -0.07, 4: -0.06}  # W- = 13 of 28: undecided
+    assert seed_level_verdict(split, ("hkt", "mha"))["verdict"] == "undecided"

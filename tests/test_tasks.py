@@ -238,6 +238,15 @@ def test_scripts_read_chapters_and_queue_from_the_registry(build_book, repo_root
         runner.queue("cpu", {"pathfinder"}, tmp_path)
 
 
+def test_queue_trains_chosen_models_and_seeds(repo_root, tmp_path):
+    # rule 7's fresh seeds (chapter 9): seeds 3-9 of hkt and mha only, seed-major, on an empty folder at cpu_small
+    runner = _script(repo_root, "run_experiments")
+    todo = runner.queue("cpu_small", {"listops"}, tmp_path, {"hkt", "mha"}, list(range(3, 10)))
+    assert todo == [("listops", m, s) for s in range(3, 10) for m in ("hkt", "mha")]
+    # the committed records: ListOps seeds 0-2 of the cpu grid are finished, so asking for them queues nothing
+    assert runner.queue("cpu", {"listops"}, REPO / "results", {"hkt", "mha"}, [0, 1, 2]) == []
+
+
 def test_queue_deadline_starts_only_runs_that_fit(repo_root):
     runner = _script(repo_root, "run_experiments")
     assert runner.fits_before(None, None, 0.0)  # no deadline: everything starts
