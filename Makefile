@@ -24,7 +24,7 @@ export PYTHONHASHSEED := 0
 EXTRAS ?= lra,theory,book,dev
 BOOK_HTML := _build/_build/html
 
-.PHONY: install book test chapters check-sync lint pytest nbtest browser-test book-build clean gpu-check gpu-check-dry
+.PHONY: install book test chapters check-sync lint pytest nbtest browser-test book-build clean gpu-check gpu-check-dry gpu-data gpu-results
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -85,7 +85,17 @@ test: check-sync lint pytest
 gpu-check: install
 	$(BIN)/python scripts/gpu_check.py
 
-## gpu-check-dry: the same steps on the CPU at toy size (part of `make test`), recorded under _build/gpu_check_dry/
+## gpu-data: on the CPU, before a device call: ListOps at the paper's length, generated and tokenised into the one
+## file the call carries, _build/gpu_carry/listops-paper.tar.gz (scripts/gpu_results.py)
+gpu-data: install
+	$(BIN)/python scripts/gpu_results.py prepare
+
+## gpu-results: on a machine with one CUDA GPU, after `make gpu-data` here: HKT and MHA on that data, one seed each
+## under a stated time budget (under 8 minutes in all), with full-test predictions, recorded under results/gpu/accuracy/
+gpu-results: install
+	$(BIN)/python scripts/gpu_results.py train
+
+## gpu-check-dry: the same steps on the CPU at toy size (part of `make test`; the accuracy step included), recorded under _build/gpu_check_dry/
 gpu-check-dry: install
 	OMP_NUM_THREADS=1 $(BIN)/python scripts/gpu_check.py --dry-run
 

@@ -24,6 +24,10 @@ the next):
                    --lm-steps steps (default 300) or the --budget seconds, whichever comes first, under bf16 autocast;
                    records tokens/s (after 5 warm-up steps), peak memory and the loss (IMDB bytes when
                    $HKT_DATA_DIR holds them, else synthetic bytes: the throughput does not depend on the text).
+  7. accuracy      scripts/gpu_results.py: ListOps at the paper's length, HKT and MHA, one seed each under a stated
+                   time budget, with full-test predictions (results/gpu/accuracy/). Its data are prepared on the CPU
+                   beforehand (`make gpu-data`), so on a GPU it is a device call of its own, `make gpu-results`, and
+                   not part of the default steps; the dry run runs it whole (prepare + train) on the CPU at toy size.
 Nothing here is a result of the book until a run on a GPU has been recorded and committed.
 """
 from __future__ import annotations
@@ -236,13 +240,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--listops-train", type=int, default=6000, help="training examples of the budgeted runs")
     parser.add_argument("--max-length", type=int, default=None, help="longest T measured (default 16384; dry 256)")
     parser.add_argument("--lm-steps", type=int, default=None, help="training steps of each LM model (default 300; dry 8)")
-    steps = ["environment", "cuda-tests", "bench-cost", "flex-bench", "listops", "lm"]
-    parser.add_argument("--steps", nargs="+", default=steps, choices=steps)
+    steps = ["environment", "cuda-tests", "bench-cost", "flex-bench", "listops", "lm", "accuracy"]
+    parser.add_argument("--steps", nargs="+", default=None, choices=steps,
+                        help="default: all (on a GPU all but accuracy, which is `make gpu-results`, a device call of its own)")
     parser.add_argument("--listops-only", default=None, help=argparse.SUPPRESS)  # internal: one budgeted run
     parser.add_argument("--flex-only", action="store_true", help=argparse.SUPPRESS)  # internal: the flex table
     parser.add_argument("--lm-only", default=None, help=argparse.SUPPRESS)  # internal: one LM model's steps
     args = parser.parse_args(argv)
     args.device = "cpu" if args.dry_run else "cuda"
+    args.steps = args.steps or (steps if args.dry_run else steps[:-1])
     args.out = (args.out or ROOT / ("_build/gpu_check_dry" if args.dry_run else "results/gpu")).resolve()
     args.budget = args.budget if args.budget is not None else (0.5 if args.dry_run else 60.0)
     args.max_length = args.max_length or (256 if args.dry_run else 16384)
@@ -307,6 +313,11 @@ def main(argv=None) -> int:
                        "--lm-steps", str(args.lm_steps), "--out", str(args.out)] + (["--dry-run"] if args.dry_run else [])
             steps.append(run_step(f"lm-{model}", command, args.out, env, timeout=args.budget + 180))
             print((args.out / f"lm-{model}.log").read_text(), flush=True)
+    if "accuracy" in args.steps:  # scripts/gpu_results.py: prepare + train (dry: both on the CPU at toy size)
+        command = [sys.executable, "scripts/gpu_results.py", "dry-run" if args.dry_run else "train", "--out",
+                   str(args.out / "accuracy")]
+        steps.append(run_step("accuracy", command, args.out, env, timeout=600))
+        print((args.out / "accuracy.log").read_text()[-2000:], flush=True)
     summary = {"dry_run": args.dry_run, "device": args.device, "wall_s": round(time.time() - started, 1), "steps": steps,
                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
