@@ -6,7 +6,6 @@ package reaches `hkt_nb.lra` only through its marked, redirectable imports."""
 import json
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
