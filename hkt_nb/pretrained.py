@@ -17,8 +17,8 @@ import torch
 
 # %% auto #0
 __all__ = ['CONFIG_NAME', 'WEIGHTS_NAME', 'CARD_NAME', 'PAPER_URL', 'REPO_URL', 'HUB_EXTRA', 'ATTENTION_NAMES', 'config_to_dict',
-           'config_from_dict', 'read_config', 'save_weights', 'load_weights', 'model_card', 'pretrained_files',
-           'PretrainedMixin']
+           'config_from_dict', 'read_config', 'tied_parameters', 'save_weights', 'load_weights', 'model_card',
+           'pretrained_files', 'PretrainedMixin']
 
 # %% ../nbs/03a_pretrained.ipynb #5b274d5c
 CONFIG_NAME = "config.json"  # the model's configuration (huggingface_hub.constants.CONFIG_NAME)
@@ -101,11 +101,25 @@ def _replace_atomically(path: Path, write) -> None:
             os.unlink(tmp)
 
 
+def tied_parameters(model: torch.nn.Module) -> dict[str, str]:
+    """{name: the first name of the same parameter} for every tied parameter of `model` after its first name (a
+    language model's output head tied to its token embedding: {"head.weight": "tok_emb.weight"}); {} without ties."""
+    first, tied = {}, {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            tied[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return tied
+
+
 def save_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
     """The `state_dict` of `model` as a safetensors file `path` (tensor names = parameter names, moved to the CPU,
-    metadata {"format": "pt"} as huggingface_hub writes). safetensors refuses tensors that share memory."""
+    metadata {"format": "pt"} as huggingface_hub writes). A tied parameter is stored once, under its first name
+    (`tied_parameters`; safetensors refuses tensors that share memory)."""
     st = _safetensors_torch()
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    tied = tied_parameters(model)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k not in tied}
     _replace_atomically(Path(path), lambda tmp: st.save_file(tensors, tmp, metadata={"format": "pt"}))
 
 
@@ -120,7 +134,8 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike) -> torch.nn.Mo
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: a pretrained folder holds {CONFIG_NAME} and {WEIGHTS_NAME}")
     from safetensors import SafetensorError, safe_open
-    expected = model.state_dict()
+    tied = tied_parameters(model)  # stored once, under the first name
+    expected = {k: v for k, v in model.state_dict().items() if k not in tied}
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             stored = set(f.keys())
@@ -136,7 +151,7 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike) -> torch.nn.Mo
             raise ValueError(f"{path}: tensor {name!r} is {str(tensor.dtype).replace('torch.', '')} "
                              f"{tuple(tensor.shape)}, the model expects {str(want.dtype).replace('torch.', '')} "
                              f"{tuple(want.shape)}")
-    model.load_state_dict(tensors, strict=True)
+    model.load_state_dict({**tensors, **{name: tensors[first] for name, first in tied.items()}}, strict=True)
     return model
 
 # %% ../nbs/03a_pretrained.ipynb #5265da17
@@ -261,6 +276,10 @@ class PretrainedMixin:
             raise TypeError(f"{cls.__name__} needs a config dataclass: set `config_class` or annotate `__init__(self, cfg: ...)`")
         return found
 
+    def card_text(self, record: dict | None = None, repo_id: str | None = None, n_params: int | None = None) -> str:
+        "The model card `save_pretrained` writes: `model_card` (a classifier's); a model of another kind overrides it."
+        return model_card(self.cfg, record, repo_id, n_params)
+
     def save_pretrained(
         self,
         folder: str | os.PathLike,  # created if missing; its config.json, model.safetensors, README.md are replaced
@@ -282,7 +301,7 @@ class PretrainedMixin:
         text = json.dumps(config, sort_keys=True, indent=2)
         _replace_atomically(folder / CONFIG_NAME, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
         n_params = sum(p.numel() for p in self.parameters() if p.requires_grad)
-        card = model_card(self.cfg, record, repo_id, n_params)
+        card = self.card_text(record, repo_id, n_params)
         _replace_atomically(folder / CARD_NAME, lambda tmp: Path(tmp).write_text(card, encoding="utf-8"))
         return folder
 

@@ -41,9 +41,11 @@ def settings() -> configparser.SectionProxy:
 
 
 def extras_of(nb) -> list[str]:
-    "The extras a chapter needs: the subpackages (hkt_nb.lra, hkt_nb.theory) its code imports, and `plot` if it draws."
+    """The extras a chapter needs: the subpackages (hkt_nb.lra, hkt_nb.theory) its code imports, `lra` also for
+    hkt_nb.lm (it reads IMDB and trains with that extra's tools), and `plot` if it draws."""
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    extras = [extra for extra in ("lra", "theory") if re.search(rf"hkt_nb\.{extra}\b", code)]
+    extras = [extra for extra, pattern in (("lra", r"hkt_nb\.(lra|lm)\b"), ("theory", r"hkt_nb\.theory\b"))
+              if re.search(pattern, code)]
     if re.search(PLOT_IMPORT, code, re.M) or ".plot(" in code:  # the chapter draws (itself or through the library)
         extras.append("plot")
     return extras

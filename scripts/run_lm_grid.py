@@ -4,9 +4,12 @@
 
 Seed-major order (every model of seed 0 first), so that an interrupted grid has complete seeds to compare. Each
 run writes `results/lm/lm-<model>-<preset>-seed<k>.json` when it finishes; `run_lm` loads a finished run with the
-same configuration instead of training it. A run has no mid-run checkpoint: an interrupted one starts again.
-Two queues may share a grid (e.g. one started with `--reverse`): a run being trained holds the lock file
-`results/lm/<run>.lock` (chapter 5's `run_lock`), and the other queue skips it.
+same configuration instead of training it. A run checkpoints every `eval_every` steps
+(`results/lm/checkpoints/<run>.pt`): an interrupted one, even by SIGKILL, resumes from its last checkpoint to the
+record of an uninterrupted run. A finished run's model is saved in `results/lm/pretrained/<run>/`
+(`ByteLM.from_pretrained`). Two queues may share a grid (e.g. one started with `--reverse`): a run being trained
+holds the lock file `results/lm/<run>.lock` (`run_lm` takes it with chapter 5's `run_lock`), and the other queue
+skips it.
 """
 from __future__ import annotations
 
@@ -24,8 +27,8 @@ ORDER = ("mha", "hkt_l3", "hkt_l1", "mha_window", "hkt_l2")  # the main comparis
 def main() -> None:
     import torch
 
-    from hkt_nb.lm import LM_PRESETS, default_lm_results_dir, lm_run_name, run_lm
-    from hkt_nb.lra.checkpoints import RunLockedError, run_lock
+    from hkt_nb.lm import LM_PRESETS, lm_run_name, run_lm
+    from hkt_nb.lra.checkpoints import RunLockedError  # (the training core's; issue 31 moves it to hkt_nb.train)
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="cpu")
@@ -40,8 +43,7 @@ def main() -> None:
     for seed, model in reversed(todo) if a.reverse else todo:
         name = lm_run_name(model, a.preset, seed)
         try:
-            with run_lock(default_lm_results_dir() / f"{name}.lock", name):
-                run_lm([model], a.preset, [seed], log=lambda line: print(line, flush=True))
+            run_lm([model], a.preset, [seed], log=lambda line: print(line, flush=True))
         except RunLockedError as error:
             print(f"skipped {name}: {error}", flush=True)
             continue

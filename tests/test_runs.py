@@ -295,7 +295,7 @@ def test_every_install_hint_of_the_library_gives_the_pre_release_form(monkeypatc
     from hkt_nb import pretrained
     hinted = [path for path in (REPO / "hkt_nb").rglob("*.py")
               if "pip install \"hkt_nb[" in path.read_text() or "pip install 'hkt_nb[" in path.read_text()]
-    assert {p.name for p in hinted} >= {"listops.py", "pretrained.py", "lm.py"}
+    assert {p.relative_to(REPO / "hkt_nb").as_posix() for p in hinted} >= {"lra/listops.py", "pretrained.py", "lm/data.py"}
     for path in hinted:
         assert path.read_text().count("@ git+") >= 1, path
     assert pretrained.REPO_URL == "https://github.com/hkt-nb/hkt_nb"
