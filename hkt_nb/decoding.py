@@ -457,7 +457,9 @@ def cached_forward(
     """The layer's output on x computed as a decoder does: `prefill` on the first P positions, then T - P steps.
     For tests and for the chapter's check. Raises like `layer_cache` and `step`, `ValueError` for a bad P."""
     check_int("prompt_length", prompt_length, 1, x.shape[1])
-    cache, step_fn = layer_cache(layer, x.shape[0], capacity), step_fn or step
+    cache = layer_cache(layer, x.shape[0], capacity)
     outs = [prefill(layer, x[:, :prompt_length], cache)]
-    outs += [step_fn(layer, x[:, i : i + 1], cache) for i in range(prompt_length, x.shape[1])]
+    # a compiled step's output may live in CUDA-graph memory that its next replay reuses: keep a copy
+    keep = (lambda y: y) if step_fn is None else torch.clone
+    outs += [keep((step_fn or step)(layer, x[:, i : i + 1], cache)) for i in range(prompt_length, x.shape[1])]
     return torch.cat(outs, 1)

@@ -285,7 +285,7 @@ def decode_benchmark(args) -> list[dict]:
     "Cached decoding steps of HKT and MHA, eager and compiled (<out>/decode_bench.json); the table in the log."
     import torch
     device = torch.device(args.device)
-    lengths, D, H, steps = ([64], 16, 2, 20) if args.dry_run else ([1024, 4096], 512, 8, 200)
+    lengths, D, H, steps = ([64], 16, 2, 20) if args.dry_run else ([1024, 4096], 512, 8, 100)
     rows = [_decode_row(kind, T, D, H, device, steps, args.dry_run) for T in lengths for kind in ("hkt", "mha")]
     print(f"{'layer':<5} {'T':>6} {'eager ms':>9} {'compiled ms':>12} {'graphs':>7} {'compile s':>10}  compile")
     for r in rows:
@@ -380,7 +380,7 @@ def main(argv=None) -> int:
         print((args.out / "flex-bench.log").read_text(), flush=True)  # the table, in the check's own output
     if "decode-bench" in args.steps:
         command = [sys.executable, "scripts/gpu_check.py", "--decode-only", "--out", str(args.out)] + (["--dry-run"] if args.dry_run else [])
-        steps.append(run_step("decode-bench", command, args.out, env, timeout=300 if args.dry_run else 240))
+        steps.append(run_step("decode-bench", command, args.out, env, timeout=300 if args.dry_run else 360))
         print((args.out / "decode-bench.log").read_text(), flush=True)
     if "listops" in args.steps:
         for model in ("hkt", "mha"):

@@ -272,6 +272,17 @@ def test_a_windowed_kv_cache_with_a_fixed_capacity(randomise):
         torch.testing.assert_close(out[i], layer(x[:, i - 2 : i + 1])[:, -1:], rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("capacity", [None, 20])
+@pytest.mark.parametrize("make", ["hkt", "mha"])
+def test_steps_from_an_empty_cache(randomise, make, capacity):
+    "No prefill at all: the first step reads only the zeros before the sequence (the README's loop may start so)."
+    layer = hkt(randomise, 3, 2, 3) if make == "hkt" else randomise(MultiHeadAttention(16, 4, causal=True).double()).eval()
+    x = torch.randn(2, 20, 16, dtype=torch.float64)
+    cache = layer_cache(layer, 2, capacity)
+    out = torch.cat([step(layer, x[:, i : i + 1], cache) for i in range(20)], 1)
+    torch.testing.assert_close(out, layer(x), rtol=0, atol=1e-12)
+
+
 def test_folded_weights_follow_the_parameters(randomise):
     "The folded maps are reused while the parameters stay, and folded again after an in-place change."
     layer = hkt(randomise, 3, 2, None)
