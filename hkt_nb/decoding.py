@@ -208,11 +208,12 @@ class HKTCache:
         self.weights = fused_weights(layer)
         # views made once: the fused query and key row, each level's slot, each window without its oldest token
         self._query, self._key_row = self.state[:, 0].view(B, H, 1, L * d), self.state[:, 1].view(B, H, 1, L * d)
+        self._key_column = self.state[:, 1].view(B, H, L * d)
         self._slots = [self.state[:, :, :, l] for l in range(L)]
         self._tails = [w[:, D:] for w in self.windows]
-        period = s ** (L - 1)  # which levels complete a block at position n depends on n mod s^(L-1) only
-        self._flags = torch.tensor([[(r + 1) % s**l == 0 for l in range(L)] for r in range(period)], device=p.device)
-        self._flag_rows = [row.unbind() for row in self._flags]
+        # level l completes a block at position n iff s^l divides n + 1: a function of n mod s^(L-1) only
+        self._powers, self._period = torch.tensor([s**l for l in range(L)], device=p.device), s ** (L - 1)
+        self._flag_rows: dict[int, tuple] = {}  # n mod s^(L-1) -> the L flags (eager steps), made on first use
         self._taps = torch.arange(layer.conv_kernel_size, device=p.device)
         if fixed:
             self.position = torch.full((1,), self.offset, dtype=torch.long, device=p.device)  # row of the next position
@@ -220,7 +221,7 @@ class HKTCache:
             self._all_keys, self._all_values = self.keys[..., self.offset :], self.values.data[:, :, self.offset :]
             w = self.weights
             _static(self.keys, self.values.data, self.state, *self.windows, self.position, self._columns,
-                    self._flags, self._taps, w.fine, w.fine_bias, *w.levels, *w.level_biases, w.attend, w.convolve,
+                    self._powers, self._taps, w.fine, w.fine_bias, *w.levels, *w.level_biases, w.attend, w.convolve,
                     w.out_bias)
 
     @property
@@ -313,16 +314,19 @@ def _hkt_step(layer: HierarchicalAttention, x: torch.Tensor, cache: HKTCache) ->
     static = cache.capacity is not None
     if static:  # the position is a device tensor: every index below is arithmetic on it, no Python value
         row = cache.position  # (1,): c - 1 + n
-        flags = cache._flags[(row - cache.offset) % len(cache._flag_rows)].unbind(-1)  # L tensors (1,)
+        flags = ((row - (cache.offset - 1)) % cache._powers == 0).unbind()  # L bool tensors (): s^l divides n + 1
     else:
         n = cache._n
         row = cache.offset + n
         cache._reserve(row + 1)
-        flags = cache._flag_rows[n % len(cache._flag_rows)]  # L bool tensors (): level l completes a block at n
-    x = x.reshape(B, D).to(w.fine.dtype)
+        flags = cache._flag_rows.get(n % cache._period)  # the same L flags, computed once per residue
+        if flags is None:
+            flags = cache._flag_rows.setdefault(n % cache._period, (((n + 1) % cache._powers) == 0).unbind())
+    x = x.reshape(B, D)
+    x = x if x.dtype == w.fine.dtype else x.to(w.fine.dtype)
     fine = torch.addmm(w.fine_bias, x, w.fine)  # (B, 3D): [lambda_0 q / sqrt d | k | v] of the new position
     cache._slots[0].copy_(fine[:, : 2 * D].view(B, 2, H, d))
-    v = fine[:, 2 * D :].view(B, H, 1, d)
+    v = fine[:, 2 * D :].view(B, H, d)
     token = x  # the newest completed token of level l - 1 (level 0: x, complete at every position)
     for l in range(1, layer.n_levels):  # the pyramid: one matmul per level, kept only where a block completes
         window = cache.windows[l - 1]
@@ -333,15 +337,16 @@ def _hkt_step(layer: HierarchicalAttention, x: torch.Tensor, cache: HKTCache) ->
             window.copy_(torch.where(flags[l - 1], shifted, window))
         made = torch.addmm(w.level_biases[l - 1], window, w.levels[l - 1])  # (B, 3D): [X | q | k] of level l
         cache._slots[l].copy_(torch.where(flags[l], made[:, D:].view(B, 2, H, d), cache._slots[l]))
-        token = made[:, :D]
+        if l + 1 < layer.n_levels:  # (the last level's token feeds no window)
+            token = made[:, :D]
     if static:
         cache.keys.index_copy_(3, row, cache._key_row.transpose(-1, -2))
-        cache.values.data.index_copy_(2, row, v)
+        cache.values.data.index_copy_(2, row, v[:, :, None])
         keys, values = cache._all_keys, cache._all_values  # all C rows; those after the new position are masked
         taps = cache.values.data.index_select(2, row - cache.offset + cache._taps)  # (B, H, c, d): the conv's input
     else:
-        cache.keys[..., row] = cache._key_row[:, :, 0]
-        cache.values.data[:, :, row] = v[:, :, 0]
+        cache.keys[..., row] = cache._key_column
+        cache.values.data[:, :, row] = v
         keys, values = cache.keys[..., cache.offset : row + 1], cache.values.data[:, :, cache.offset : row + 1]
         taps = cache.values.data[:, :, n : row + 1]
         cache._set_length(n + 1)
@@ -349,7 +354,8 @@ def _hkt_step(layer: HierarchicalAttention, x: torch.Tensor, cache: HKTCache) ->
     if static:
         scores = scores.masked_fill(cache._columns > row, float("-inf"))
         row.add_(1)
-    attended = scores.softmax(-1).to(values.dtype) @ values  # (B, H, 1, d)
+    probs = scores.softmax(-1)
+    attended = (probs if probs.dtype == values.dtype else probs.to(values.dtype)) @ values  # (B, H, 1, d)
     out = torch.addmm(w.out_bias, taps.reshape(B, -1), w.convolve)  # W_o (1 - g) C + b_o
     return torch.addmm(out, attended.view(B, D), w.attend).view(B, 1, D)  # + W_o g A, Eq. (5)
 
