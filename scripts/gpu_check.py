@@ -19,7 +19,13 @@ the next):
                    cleanly between steps; records how far it got and its throughput (examples/s). The training
                    split is capped (--listops-train, default 6,000 examples: generating the full 96,000 takes
                    longer than the whole check); the throughput does not depend on the split size.
-  6. lm            the byte-level language model of chapter 15 (`hkt_nb.lm`, `paper` preset: D = 512, 8 blocks,
+  6. decode-bench  cached decoding (hkt_nb.decoding, issue 34): one layer's `step`, HKT (L = 3) and standard attention,
+                   D = 512, H = 8, batch 1, on a fixed-capacity cache (`layer_cache(..., capacity=)`) at T = 1,024 and
+                   4,096: eager, and compiled with torch.compile(mode="reduce-overhead") (CUDA graphs), per-step time,
+                   the number of graphs compiled over the timed steps (1 = no recompilation), CUDA-graph skips and the
+                   compiled step's largest difference from the eager one (dry run: D = 16 on the CPU, the eager
+                   backend of torch.compile, T = 64)
+  7. lm            the byte-level language model of chapter 15 (`hkt_nb.lm`, `paper` preset: D = 512, 8 blocks,
                    T = 1,024, batch 32), HKT with 3 levels and parameter-matched standard attention, each trained for
                    --lm-steps steps (default 300) or the --budget seconds, whichever comes first, under bf16 autocast;
                    records tokens/s (after 5 warm-up steps), peak memory and the loss (IMDB bytes when
@@ -102,8 +108,17 @@ def lm_budget_run(model: str, args) -> dict:
     "A few hundred training steps of chapter 15's byte LM (`model` a key of `hkt_nb.lm.LM_MODELS`): throughput, memory."
     import torch
 
-    from hkt_nb.lm import LM_PRESETS, ByteLM, configure_optimizer, count_lm_parameters, imdb_bytes, lm_loss
-    from hkt_nb.lm import lm_model_config, lr_at, random_batch
+    from hkt_nb.lm import (
+        LM_PRESETS,
+        ByteLM,
+        configure_optimizer,
+        count_lm_parameters,
+        imdb_bytes,
+        lm_loss,
+        lm_model_config,
+        lr_at,
+        random_batch,
+    )
     preset = "smoke" if args.dry_run else "paper"
     cfg, train = lm_model_config(model, preset), LM_PRESETS[preset].train
     device = torch.device(args.device)
@@ -232,6 +247,78 @@ def flex_benchmark(args) -> list[dict]:
     return rows
 
 
+def _decode_row(kind: str, T: int, D: int, H: int, device, steps: int, dry_run: bool) -> dict:
+    "One layer's cached step at context T on a fixed-capacity cache: eager and compiled, ms per step."
+    import torch
+    from torch._dynamo.utils import counters
+
+    from hkt_nb.attention import HierarchicalAttention, MultiHeadAttention
+    from hkt_nb.decoding import layer_cache, prefill, step
+    torch.manual_seed(0)
+    layer = (HierarchicalAttention(D, H, 3, causal=True) if kind == "hkt" else MultiHeadAttention(D, H, causal=True))
+    layer = layer.to(device).eval()
+    x = torch.randn(1, T + 2 * steps + 8, D, device=device)
+    cuda = device.type == "cuda"
+    row = {"layer": kind, "T": T, "D": D, "H": H, "steps": steps, "device": str(device),
+           "compile": "eager backend (dry run)" if dry_run else 'mode="reduce-overhead"'}
+
+    def run(fn, cache, start, n):
+        outs = []
+        if cuda:
+            torch.cuda.synchronize(device)
+        began = time.perf_counter()
+        for i in range(start, start + n):
+            outs.append(fn(layer, x[:, i : i + 1], cache).clone())
+        if cuda:
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - began) / n * 1e3, torch.cat(outs, 1)
+    try:
+        capacity = T + 2 * steps + 8
+        eager_cache, compiled_cache = layer_cache(layer, 1, capacity), layer_cache(layer, 1, capacity)
+        prefill(layer, x[:, :T], eager_cache)
+        prefill(layer, x[:, :T], compiled_cache)
+        run(step, eager_cache, T, 3)  # warm-up
+        row["eager_ms"], eager_out = run(step, eager_cache, T + 3, steps)
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = torch.compile(step, fullgraph=True, **({"backend": "eager"} if dry_run else {"mode": "reduce-overhead"}))
+        started = time.perf_counter()
+        run(compiled, compiled_cache, T, 3)  # compiles, records the graph
+        row["compile_s"] = round(time.perf_counter() - started, 1)
+        row["compiled_ms"], compiled_out = run(compiled, compiled_cache, T + 3, steps)
+        row["graphs"] = counters["stats"]["unique_graphs"]
+        row["cudagraph_skips"] = sum(counters["inductor"].get(k, 0) for k in counters["inductor"] if "cudagraph_skip" in k)
+        row["max_abs_diff_compiled_vs_eager"] = float((compiled_out - eager_out).abs().max())
+    except Exception as error:  # noqa: BLE001 - a row records why it could not run
+        row["failed"] = f"{type(error).__name__}: {error}"[:300]
+    return row
+
+
+def decode_benchmark(args) -> list[dict]:
+    "Cached decoding steps of HKT and MHA, eager and compiled (<out>/decode_bench.json); the table in the log."
+    import torch
+    device = torch.device(args.device)
+    lengths, D, H, steps = ([64], 16, 2, 20) if args.dry_run else ([1024, 4096], 512, 8, 100)
+    rows = [_decode_row(kind, T, D, H, device, steps, args.dry_run) for T in lengths for kind in ("hkt", "mha")]
+    print(f"{'layer':<5} {'T':>6} {'eager ms':>9} {'compiled ms':>12} {'graphs':>7} {'compile s':>10}  compile")
+    for r in rows:
+        if "failed" in r:
+            print(f"{r['layer']:<5} {r['T']:>6}  failed: {r['failed']}")
+            continue
+        print(f"{r['layer']:<5} {r['T']:>6} {r['eager_ms']:>9.3f} {r['compiled_ms']:>12.3f} {r['graphs']:>7} "
+              f"{r['compile_s']:>10.1f}  {r['compile']}")
+    for T in lengths:
+        pair = {r["layer"]: r for r in rows if r["T"] == T and "failed" not in r}
+        if len(pair) == 2:
+            print(f"T = {T}: HKT / MHA eager {pair['hkt']['eager_ms'] / pair['mha']['eager_ms']:.2f}, "
+                  f"compiled {pair['hkt']['compiled_ms'] / pair['mha']['compiled_ms']:.2f}")
+    (args.out / "decode_bench.json").write_text(json.dumps(rows, indent=1) + "\n")
+    failed = [r for r in rows if "failed" in r or r.get("graphs") != 1]
+    if failed:
+        raise SystemExit(f"decode-bench: {len(failed)} rows failed or recompiled")
+    return rows
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="every step on the CPU at toy size")
@@ -240,12 +327,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--listops-train", type=int, default=6000, help="training examples of the budgeted runs")
     parser.add_argument("--max-length", type=int, default=None, help="longest T measured (default 16384; dry 256)")
     parser.add_argument("--lm-steps", type=int, default=None, help="training steps of each LM model (default 300; dry 8)")
-    steps = ["environment", "cuda-tests", "bench-cost", "flex-bench", "listops", "lm", "accuracy"]
+    steps = ["environment", "cuda-tests", "bench-cost", "flex-bench", "decode-bench", "listops", "lm", "accuracy"]
     parser.add_argument("--steps", nargs="+", default=None, choices=steps,
                         help="default: all (on a GPU all but accuracy, which is `make gpu-results`, a device call of its own)")
     parser.add_argument("--listops-only", default=None, help=argparse.SUPPRESS)  # internal: one budgeted run
     parser.add_argument("--flex-only", action="store_true", help=argparse.SUPPRESS)  # internal: the flex table
     parser.add_argument("--lm-only", default=None, help=argparse.SUPPRESS)  # internal: one LM model's steps
+    parser.add_argument("--decode-only", action="store_true", help=argparse.SUPPRESS)  # internal: the decode table
     args = parser.parse_args(argv)
     args.device = "cpu" if args.dry_run else "cuda"
     args.steps = args.steps or (steps if args.dry_run else steps[:-1])
@@ -278,6 +366,9 @@ def main(argv=None) -> int:
     if args.lm_only:
         lm_budget_run(args.lm_only, args)
         return 0
+    if args.decode_only:
+        decode_benchmark(args)
+        return 0
     if not args.dry_run:
         import torch
         if not torch.cuda.is_available():
@@ -302,6 +393,10 @@ def main(argv=None) -> int:
                    "--out", str(args.out)] + (["--dry-run"] if args.dry_run else [])
         steps.append(run_step("flex-bench", command, args.out, env, timeout=300 if args.dry_run else 180))
         print((args.out / "flex-bench.log").read_text(), flush=True)  # the table, in the check's own output
+    if "decode-bench" in args.steps:
+        command = [sys.executable, "scripts/gpu_check.py", "--decode-only", "--out", str(args.out)] + (["--dry-run"] if args.dry_run else [])
+        steps.append(run_step("decode-bench", command, args.out, env, timeout=300 if args.dry_run else 360))
+        print((args.out / "decode-bench.log").read_text(), flush=True)
     if "listops" in args.steps:
         for model in ("hkt", "mha"):
             command = [sys.executable, "scripts/gpu_check.py", "--listops-only", model, "--budget", str(args.budget),

@@ -9,7 +9,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from hkt_nb.attention import HierarchicalAttention, MultiHeadAttention
-from hkt_nb.decoding import GrowingBuffer, HKTCache, KVCache, cached_forward, layer_cache, prefill, step
+from hkt_nb.decoding import HKTCache, KVCache, cached_forward, fused_weights, layer_cache, prefill, step
 
 CONFIGS = [(1, 2, None), (2, 2, None), (3, 2, None), (3, 3, None), (3, 2, 4), (4, 2, 3)]  # (n_levels, stride, kernel_size)
 PROMPTS = [1, 2, 7, 33]
@@ -49,20 +49,22 @@ def test_value_convolution_widths(randomise, conv_kernel_size):
     torch.testing.assert_close(cached_forward(layer, x, 4), layer(x), rtol=0, atol=1e-12)
 
 
-def test_the_coarse_levels_and_the_convolution_matter(randomise):
-    "The equality is not vacuous: dropping the coarse levels or the convolution state changes the outputs."
-    layer = hkt(randomise, 3, 2, None)
+def test_the_coarse_levels_and_the_pyramid_state_matter(randomise):
+    "The equality is not vacuous: dropping level 2's keys or the pyramid's windows (kernel 3 > stride) changes the outputs."
+    layer = hkt(randomise, 3, 2, 3)
     x = torch.randn(1, 40, 16, dtype=torch.float64)
     full = layer(x)
     cache = layer_cache(layer, 1)
     prefill(layer, x[:, :20], cache)
-    cache.keys[2] = GrowingBuffer((1, 4), 4, torch.float64)  # forget level 2's completed keys
-    cache.queries[2] = None
+    cache.keys[:, :, 8:12] = 0  # forget level 2's keys (head width d = 4: level 2 is features 8..11 of each row)
+    cache.state[:, 1, :, 2] = 0
     assert (step(layer, x[:, 20:21], cache) - full[:, 20:21]).abs().max() > 1e-3
     cache = layer_cache(layer, 1)
     prefill(layer, x[:, :20], cache)
-    cache.value_window.zero_()  # forget the hybrid head's convolution state
-    assert (step(layer, x[:, 20:21], cache) - full[:, 20:21]).abs().max() > 1e-3
+    for window in cache.windows:  # forget the downsampling convolutions' inputs: wrong once a block completes
+        window.zero_()
+    out = torch.cat([step(layer, x[:, i : i + 1], cache) for i in range(20, 24)], 1)
+    assert (out - full[:, 20:24]).abs().max() > 1e-3
 
 
 def test_mha_kv_cache_equals_the_full_forward(randomise):
@@ -90,14 +92,17 @@ def test_cache_holds_the_completed_tokens_only(randomise):
         cache = layer_cache(layer, 2)
         prefill(layer, x[:, :T], cache)
         assert cache.counts == [T // 2**l for l in range(4)]
-        assert [q is None for q in cache.queries[1:]] == [T // 2**l == 0 for l in range(1, 4)]
+        # a level's query (and key) is zero exactly while it has no completed token; so is its block of key column j
+        assert [bool(cache.state[:, :, :, l].abs().sum() == 0) for l in range(4)] == [T // 2**l == 0 for l in range(4)]
+        blocks = cache.keys[..., cache.offset : cache.offset + T].unflatten(2, (4, 4))  # (B, H, L, d, T)
+        empty = blocks.abs().sum((0, 1, 3)) == 0  # (L, T)
+        assert torch.equal(empty, torch.tensor([[j + 1 < 2**l for j in range(T)] for l in range(4)]))
 
 
 def linear_numel(B, D, T, n_levels, stride, kernel_size, conv_kernel_size):
-    "Elements an HKT cache holds after T positions: fine keys and values, completed coarse keys, queries, windows."
-    coarse = sum(T // stride**l for l in range(1, n_levels))
-    queries = sum(T // stride**l > 0 for l in range(1, n_levels))
-    return B * D * (2 * T + coarse + queries + (n_levels - 1) * kernel_size + conv_kernel_size - 1)
+    """Elements an HKT cache holds after T positions: a row of L key blocks and a value per position, the c - 1 zero
+    values before the sequence, each level's query and key (the state) and the downsampling windows."""
+    return B * D * ((n_levels + 1) * T + conv_kernel_size - 1 + 2 * n_levels + (n_levels - 1) * kernel_size)
 
 
 def test_cache_grows_linearly(randomise):
@@ -203,9 +208,9 @@ def test_prefill_builds_the_state_that_steps_build(randomise, n_levels, stride, 
     prefill(layer, x[:, :1], stepped)
     prefill(layer, x[:, 1:], stepped)  # a filled cache: one step per token
     assert at_once.length == stepped.length == 29 and at_once.counts == stepped.counts
-    pairs = [(a.view, b.view) for a, b in zip(at_once.keys, stepped.keys)] + [(at_once.values.view, stepped.values.view)]
-    pairs += list(zip(at_once.windows, stepped.windows)) + [(at_once.value_window, stepped.value_window)]
-    pairs += [(a, b) for a, b in zip(at_once.queries[1:], stepped.queries[1:])]
+    used = at_once.offset + 29
+    pairs = [(at_once.keys[..., :used], stepped.keys[..., :used]), (at_once.values.view, stepped.values.view)]
+    pairs += list(zip(at_once.windows, stepped.windows)) + [(at_once.state, stepped.state)]
     for a, b in pairs:
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
@@ -215,3 +220,107 @@ def test_float32_layer_with_the_library_initialisation():
     layer = HierarchicalAttention(32, 4, 3, 2, causal=True).eval()
     x = torch.randn(2, 70, 32)
     torch.testing.assert_close(cached_forward(layer, x, 5), layer(x), rtol=0, atol=1e-5)
+
+
+# --- the lean step and static shapes (issue 34) ----------------------------------------------------------------------
+
+ISSUE_SHAPES = [(4, 3, 4, 3), (2, 2, None, 3), (5, 2, None, 5)]  # (n_levels, stride, kernel_size, conv_kernel_size)
+CHUNKS = {1: [1, 3, 1, 8], 7: [7, 2, 5, 1], 40: [40, 1, 6]}  # prompt length -> uneven prefill chunks, then steps
+
+
+@pytest.mark.parametrize("capacity", [None, 64])
+@pytest.mark.parametrize("n_levels,stride,kernel_size,conv_kernel_size", ISSUE_SHAPES)
+def test_issue_shapes_in_uneven_chunks(randomise, n_levels, stride, kernel_size, conv_kernel_size, capacity):
+    "The shapes of issue 34, prompts of 1, 7 and 40 in uneven prefill chunks, batch 3, growing and fixed capacity."
+    layer = hkt(randomise, n_levels, stride, kernel_size, conv_kernel_size=conv_kernel_size)
+    x = torch.randn(3, 60, 16, dtype=torch.float64)  # 60 > s^(L-1) for L = 4, s = 3 (27) and L = 5, s = 2 (16)
+    full = layer(x)
+    for prompt, chunks in CHUNKS.items():
+        cache, outs, start = layer_cache(layer, 3, capacity), [], 0
+        for size in chunks:
+            outs.append(prefill(layer, x[:, start : start + size], cache))
+            start += size
+        outs += [step(layer, x[:, i : i + 1], cache) for i in range(start, 60)]
+        torch.testing.assert_close(torch.cat(outs, 1), full, rtol=0, atol=1e-12, msg=lambda m: f"prompt {prompt}: {m}")
+        assert cache.length == 60 and cache.counts == [60 // stride**l for l in range(n_levels)]
+
+
+@pytest.mark.parametrize("make", ["hkt", "mha"])
+def test_fixed_capacity_equals_the_full_forward_and_refuses_to_overflow(randomise, make):
+    layer = hkt(randomise, 3, 2, 3) if make == "hkt" else randomise(MultiHeadAttention(16, 4, causal=True).double()).eval()
+    x = torch.randn(2, 33, 16, dtype=torch.float64)
+    for P in (1, 5, 33):
+        torch.testing.assert_close(cached_forward(layer, x, P, capacity=33), layer(x), rtol=0, atol=1e-12)
+    cache = layer_cache(layer, 2, capacity=8)
+    prefill(layer, x[:, :8], cache)
+    assert cache.length == 8 and cache.capacity == 8
+    with pytest.raises(ValueError, match="full"):
+        step(layer, x[:, 8:9], cache)
+    with pytest.raises(ValueError, match="full"):
+        prefill(layer, x[:, :9], layer_cache(layer, 2, capacity=8))
+    with pytest.raises(ValueError, match="capacity"):
+        layer_cache(layer, 2, capacity=0)
+
+
+def test_a_windowed_kv_cache_with_a_fixed_capacity(randomise):
+    layer = randomise(MultiHeadAttention(16, 4, causal=True).double())
+    x = torch.randn(2, 12, 16, dtype=torch.float64)
+    cache = layer_cache(layer, 2, capacity=12)
+    cache.window = 3
+    out = [prefill(layer, x[:, :1], cache)] + [step(layer, x[:, i : i + 1], cache) for i in range(1, 12)]
+    for i in range(2, 12):
+        torch.testing.assert_close(out[i], layer(x[:, i - 2 : i + 1])[:, -1:], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("capacity", [None, 20])
+@pytest.mark.parametrize("make", ["hkt", "mha"])
+def test_steps_from_an_empty_cache(randomise, make, capacity):
+    "No prefill at all: the first step reads only the zeros before the sequence (the README's loop may start so)."
+    layer = hkt(randomise, 3, 2, 3) if make == "hkt" else randomise(MultiHeadAttention(16, 4, causal=True).double()).eval()
+    x = torch.randn(2, 20, 16, dtype=torch.float64)
+    cache = layer_cache(layer, 2, capacity)
+    out = torch.cat([step(layer, x[:, i : i + 1], cache) for i in range(20)], 1)
+    torch.testing.assert_close(out, layer(x), rtol=0, atol=1e-12)
+
+
+def test_folded_weights_follow_the_parameters(randomise):
+    "The folded maps are reused while the parameters stay, and folded again after an in-place change."
+    layer = hkt(randomise, 3, 2, None)
+    first = fused_weights(layer)
+    assert fused_weights(layer) is first
+    with torch.no_grad():
+        layer.level_logits.add_(0.5)
+    assert fused_weights(layer) is not first
+    x = torch.randn(1, 20, 16, dtype=torch.float64)
+    torch.testing.assert_close(cached_forward(layer, x, 3), layer(x), rtol=0, atol=1e-12)
+
+
+def compiled_decoding(layer, x, capacity, **compile_kw):
+    "cached_forward with a compiled step, failing on any recompilation; (outputs, frames compiled)."
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(step, fullgraph=True, **compile_kw)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        out = cached_forward(layer, x, 5, capacity=capacity, step_fn=compiled)
+    return out, counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.parametrize("make", ["hkt", "mha"])
+def test_a_compiled_step_does_not_recompile(randomise, make, one_thread):
+    "200 steps of a fixed-capacity cache through one Dynamo graph (guards hold at every position; eager backend)."
+    layer = hkt(randomise, 3, 2, 3) if make == "hkt" else randomise(MultiHeadAttention(16, 4, causal=True).double()).eval()
+    x = torch.randn(2, 205, 16, dtype=torch.float64)
+    out, graphs = compiled_decoding(layer, x, 205, backend="eager")
+    assert graphs == 1
+    torch.testing.assert_close(out, layer(x), rtol=0, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_reduce_overhead_compiled_step_does_not_recompile(randomise, one_thread):
+    "The same under torch.compile(mode='reduce-overhead') (Inductor; CUDA graphs where there is a GPU): minutes on a CPU."
+    layer = hkt(randomise, 3, 2, 3, D=8, H=2)
+    x = torch.randn(1, 205, 8, dtype=torch.float64)
+    out, graphs = compiled_decoding(layer, x, 205, mode="reduce-overhead")
+    assert graphs == 1
+    torch.testing.assert_close(out, layer(x), rtol=0, atol=1e-12)
