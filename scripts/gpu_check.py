@@ -30,7 +30,7 @@ the next):
                    --lm-steps steps (default 300) or the --budget seconds, whichever comes first, under bf16 autocast;
                    records tokens/s (after 5 warm-up steps), peak memory and the loss (IMDB bytes when
                    $HKT_DATA_DIR holds them, else synthetic bytes: the throughput does not depend on the text).
-  7. accuracy      scripts/gpu_results.py: ListOps at the paper's length, HKT and MHA, one seed each under a stated
+  8. accuracy      scripts/gpu_results.py: ListOps at the paper's length, HKT and MHA, one seed each under a stated
                    time budget, with full-test predictions (results/gpu/accuracy/). Its data are prepared on the CPU
                    beforehand (`make gpu-data`), so on a GPU it is a device call of its own, `make gpu-results`, and
                    not part of the default steps; the dry run runs it whole (prepare + train) on the CPU at toy size.
