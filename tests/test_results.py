@@ -822,3 +822,49 @@ def test_seed_level_verdict_decides_on_the_fresh_seeds_only():
     assert seed_level_verdict(up, ("hkt", "mha"), learned=False)["verdict"].startswith("excluded")
     split = {**up, 3: -0.07, 4: -0.06}  # W- = 13 of 28: undecided
     assert seed_level_verdict(split, ("hkt", "mha"))["verdict"] == "undecided"
+
+
+def test_first_page_table_from_the_committed_records():
+    "The first page's table (chapter 9b): the numbers of issue 32 on ListOps, rule 7's state, the LM row's words."
+    from hkt_nb.lra.headline import headline_markdown, headline_rows, not_established
+
+    rows = headline_rows(RESULTS)
+    by = {(r["task"], r["seeds"]): r for r in rows}
+    listops = by["ListOps", "0-2"]
+    assert listops["preset"] == "cpu" and listops["cells"][4].startswith("+1.65 [")  # mean of +3.03, +0.74, +1.17
+    assert listops["word"] == "undecided" and listops["cells"][5].startswith("**undecided** (3 of 3 seeds ahead")
+    fresh = by["ListOps", "3-9"]["rule7"]
+    assert (fresh["verdict"], fresh["all_seeds"]["n"]) == ("not yet run (0 of 7 seeds)", 3)
+    assert "**not run** (0 of 7 fresh seeds)" in by["ListOps", "3-9"]["cells"][5]
+    lm = next(r for r in rows if r["task"] == "the language model")
+    assert lm["word"] == "not learned" and "HKT better at this budget; neither reaches 7-gram counting" in lm["cells"][5]
+    assert lm["cells"][4].startswith("+0.2")  # MHA - HKT in bits per byte: about 0.21 on every seed
+    table = headline_markdown(rows)
+    assert table.count("\n|") == len(rows) + 1 and "| HKT | MHA |" in table
+    assert not_established(rows).startswith("Not established: ") and not_established(rows).count(". ") == 1
+
+
+def test_first_page_table_applies_rule_seven_once_the_fresh_seeds_are_recorded(tmp_path):
+    "Seeds 3-9 recorded (here copies of seeds 0-2): the rule-7 row reads them, with both intervals and the verdict."
+    import shutil
+
+    from hkt_nb.lra.headline import headline_rows
+    from hkt_nb.stats import seed_level_test
+
+    (tmp_path / "predictions").mkdir()
+    shutil.copytree(RESULTS / "baselines", tmp_path / "baselines")
+    shutil.copytree(RESULTS / "pilot", tmp_path / "pilot")
+    for model in ("hkt", "mha"):
+        for seed in range(10):
+            record = json.loads((RESULTS / f"listops-{model}-cpu-seed{seed % 3}.json").read_text())
+            name = f"listops-{model}-cpu-seed{seed}"
+            shutil.copy(RESULTS / record["predictions_path"], tmp_path / "predictions" / f"{name}.npz")
+            record.update(seed=seed, run=name, predictions_path=f"predictions/{name}.npz")
+            (tmp_path / f"{name}.json").write_text(json.dumps(record))
+    rows = [r for r in headline_rows(tmp_path) if r["task"] == "ListOps"]
+    state = rows[1]["rule7"]
+    diffs = [state["comparisons"][s]["difference"] for s in range(3, 10)]
+    assert state["test"] == seed_level_test(diffs) and state["all_seeds"]["n"] == 10
+    assert state["verdict"] == "hkt better than mha" and rows[1]["word"] == "HKT better"  # seven positive differences
+    assert rows[1]["cells"][4].startswith("fresh: +") and "(7 seeds); all: +" in rows[1]["cells"][4]
+    assert "(10 seeds)" in rows[1]["cells"][4] and "Wilcoxon p = 0.016" in rows[1]["cells"][5]
