@@ -9,7 +9,7 @@ __all__ = ['ALPHA', 'VERDICT_RULES', 'FRESH_SEEDS', 'binomial_two_sided_p', 'mcn
            'counted_verdict', 'decide', 'seeds_as_replicates', 'sd_interval_factors', 'seed_level_test',
            'seed_level_verdict']
 
-# %% ../nbs/09a_stats.ipynb #a269f5a1
+# %% ../nbs/09a_stats.ipynb #0b8059e7
 import math
 
 import numpy as np
@@ -338,7 +338,7 @@ def margin_along(comparisons: list,  # per-seed dicts from `compare_on_seed` (No
             totals.append(sum(need))
     return min(totals) if totals else None
 
-# %% ../nbs/09a_stats.ipynb #b2e132a4
+# %% ../nbs/09a_stats.ipynb #3e631773
 def clears_baseline(comparison: dict,  # one seed, model against baseline: `difference` (> 0: the model better), optional `p_value`, `low`
                     alpha: float = ALPHA,  # level of the paired test (rule 5)
                     ) -> bool:
@@ -393,7 +393,7 @@ def decide(comparisons: list,  # per seed (None: not run), A against B: `model_a
     return {"rule": rule, "verdict": counted_verdict(rule, learned_a, learned_b, models, failure)}
 
 
-# %% ../nbs/09a_stats.ipynb #71f38257
+# %% ../nbs/09a_stats.ipynb #2aac9df1
 def seeds_as_replicates(comparisons: list) -> dict:
     """The seeds as replicates of the architecture comparison: `n` seeds with a comparison, their `differences`, `mean` and the two-sided
     one-sample t-test `p_value` of the per-seed differences acc(A) - acc(B) (None below 2 seeds or without

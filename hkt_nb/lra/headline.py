@@ -6,7 +6,7 @@
 __all__ = ['HEADLINE_PAIR', 'LM_HEADLINE_PAIR', 'verdict_word', 'seed_level_state', 'headline_rows', 'headline_markdown',
            'not_established', 'established_sentences']
 
-# %% ../../nbs/09b_headline.ipynb #67ae3265
+# %% ../../nbs/09b_headline.ipynb #a446ffbb
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +32,7 @@ from hkt_nb.lra.results import (
 from ..stats import ALPHA, FRESH_SEEDS, counted_verdict, seed_level_test, seed_level_verdict, verdict
 from .tasks import SEEDS
 
-# %% ../../nbs/09b_headline.ipynb #2226e6e9
+# %% ../../nbs/09b_headline.ipynb #ca0b0c4e
 HEADLINE_PAIR = ("hkt", "mha")  # the first page's question: HKT against standard attention
 LM_HEADLINE_PAIR = ("hkt_l3", "mha")  # the language model's HKT (three levels, chapter 15) against standard attention
 
@@ -149,7 +149,7 @@ def _classifier_rows(results_dir, task: str, preset: str,
     return rows
 
 
-# %% ../../nbs/09b_headline.ipynb #fcc4385b
+# %% ../../nbs/09b_headline.ipynb #eb9d4fcf
 def _lm_row(lm_dir, preset: str = "cpu", models: tuple = LM_HEADLINE_PAIR) -> dict | None:
     """The language model's row (chapter 15): held-out bits per byte of the two models (lower is better), the strongest
     byte n-gram count model, MHA − HKT per seed (positive: HKT better) and rules 1-5 as that chapter applies them
@@ -235,7 +235,7 @@ def not_established(rows: list) -> str:
     return first + (" " + second if second else "")
 
 
-# %% ../../nbs/09b_headline.ipynb #b2747031
+# %% ../../nbs/09b_headline.ipynb #969a11fd
 def _named(tasks) -> str:
     "The tasks as the text names them (their titles): 'A', 'A and B', 'A, B and C'."
     from hkt_nb.lra.tasks import get_task

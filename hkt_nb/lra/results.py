@@ -434,48 +434,13 @@ def summary_markdown(summary: dict) -> str:
     which = "" if len(tasks) == len(EXPECTED_MODELS) else f", on {', '.join(tasks)}"
     lines = [f"**At preset `{preset}`**{which} (scored on {' or '.join(f'{n:,}' for n in sizes) or 'no'} "
              "test examples per task; it says nothing about the paper's scale):"]
-    for task in dict.fromkeys(r["task"] for r in rows):
-        if task not in summary["baselines"]:
-            lines.append(f"- {task}: no trivial baselines on disk for this preset (not computed yet: `python scripts/run_baselines.py --preset {preset}` computes them), so whether its models have learned the task is not checked.")
-            continue
-        name, bar = summary["baselines"][task]
-        status = {m: s for (t, m), s in summary["learned"].items() if t == task and s["learned"] is not None}
-        above = [m for m, s in status.items() if s["learned"]]
-        below = [m for m, s in status.items() if not s["learned"]]
-        options, T = summary.get("settings", {}).get(task, (None, None))
-        setting = (f" ({', '.join(f'{k} `{v}`' for k, v in options.items())}, T = {T})" if options
-                   else f" (T = {T})" if T else "")
-        lines.append(f"- {task}{setting}: the strongest trivial baseline ({name}) scores {100 * bar:.1f} % on the test set; "
-                     + (f"{', '.join(above)} {'beats' if len(above) == 1 else 'beat'} it {_seeds_run(status, above)}"
-                        if above else "no model beats it on every seed")
-                     + _paired_note([summary.get("against", {}).get((task, m), {}) for m in above])
-                     + (f"; {', '.join(below)} {'has' if len(below) == 1 else 'have'} not learned the task" if below else "")
-                     + ("" if status else " (no finished runs)")
-                     + (f"; but {summary['pilot'][task]}, so the task is excluded from the verdicts"
-                        if task in summary.get("pilot", {}) else "") + ".")
+    lines += [_task_line(summary, task) for task in dict.fromkeys(r["task"] for r in rows)]
     decided = [r for r in rows if not r["counted"].startswith(("inconclusive", "excluded", "not yet run"))]
     unrun = [r for r in rows if r["counted"] == "not yet run"]
     lines.append("")
     if decided:
         lines.append("Decided comparisons (every seed significant in one direction, both models above the baselines):")
-        for r in decided:
-            m, rep = r["margin"]["margin"], r["replicates"]
-            a, b = r["models"]
-            lines.append(f"- {r['task']}, {a} vs {b} ({r['compared']}): **{r['counted']}**: on each of the {rep['n']} "
-                         f"seeds the trained {a if r['counted'].startswith(a) else b} network was the more accurate on this "
-                         "test set"
-                         + (f"; a verdict that {m} changed test example{'s' if m != 1 else ''} would overturn" if m is not None
-                            else f"; no change of up to {r['margin']['max_flips']} test examples on a seed overturns it")
-                         + ". With the seeds as replicates of the architectures (which the rule does not test), a t-test "
-                         "of the per-seed differences gives "
-                         + (f"p = {rep['p_value']:.2g}" if rep["p_value"] is not None else "no p-value")
-                         + f", and a sign test with {rep['n']} seeds cannot go below p = {rep['sign_floor']:g}: whether the "
-                         "architectures differ beyond these seeds is not established."
-                         + (f" On networks trained after the preset was chosen (seeds {', '.join(map(str, SEEDS[1:]))}), "
-                            f"scored on the test examples the pilot did not score (from {r['n_test'] - r['unseen']['n'] + 1:,} "
-                            "on; any grid the preset no longer trains was scored on them too), the mean difference is "
-                            f"{100 * r['unseen']['difference']:+.2f} points (95 % interval {100 * r['unseen']['low']:+.2f} "
-                            f"to {100 * r['unseen']['high']:+.2f})." if r.get("unseen") else ""))
+        lines += [_decided_line(r) for r in decided]
     rest = [r for r in rows if r not in decided and r not in unrun]
     if decided and rest:
         lines.append("\nNot decided: " + "; ".join(f"{r['task']} {r['models'][0]} vs {r['models'][1]}: {r['counted']}"
@@ -497,6 +462,49 @@ def summary_markdown(summary: dict) -> str:
                      + "; ".join(f"{r['task']} {r['models'][0]} vs {r['models'][1]} ({r['rule']}; counted: {r['counted']})"
                                  for r in fragile) + ".")
     return "\n".join(lines)
+
+
+def _task_line(summary: dict, task: str) -> str:
+    "One task's line of `summary_markdown`: its strongest trivial baseline and which models have learned the task."
+    preset = summary["preset"]
+    if task not in summary["baselines"]:
+        return (f"- {task}: no trivial baselines on disk for this preset (not computed yet: `python scripts/run_baselines.py --preset {preset}` computes them), so whether its models have learned the task is not checked.")
+    name, bar = summary["baselines"][task]
+    status = {m: s for (t, m), s in summary["learned"].items() if t == task and s["learned"] is not None}
+    above = [m for m, s in status.items() if s["learned"]]
+    below = [m for m, s in status.items() if not s["learned"]]
+    options, T = summary.get("settings", {}).get(task, (None, None))
+    setting = (f" ({', '.join(f'{k} `{v}`' for k, v in options.items())}, T = {T})" if options
+               else f" (T = {T})" if T else "")
+    return (f"- {task}{setting}: the strongest trivial baseline ({name}) scores {100 * bar:.1f} % on the test set; "
+                 + (f"{', '.join(above)} {'beats' if len(above) == 1 else 'beat'} it {_seeds_run(status, above)}"
+                    if above else "no model beats it on every seed")
+                 + _paired_note([summary.get("against", {}).get((task, m), {}) for m in above])
+                 + (f"; {', '.join(below)} {'has' if len(below) == 1 else 'have'} not learned the task" if below else "")
+                 + ("" if status else " (no finished runs)")
+                 + (f"; but {summary['pilot'][task]}, so the task is excluded from the verdicts"
+                    if task in summary.get("pilot", {}) else "") + ".")
+
+
+def _decided_line(r: dict) -> str:
+    "One decided comparison's line of `summary_markdown` (a row of `results_summary`)."
+    m, rep = r["margin"]["margin"], r["replicates"]
+    a, b = r["models"]
+    return (f"- {r['task']}, {a} vs {b} ({r['compared']}): **{r['counted']}**: on each of the {rep['n']} "
+                 f"seeds the trained {a if r['counted'].startswith(a) else b} network was the more accurate on this "
+                 "test set"
+                 + (f"; a verdict that {m} changed test example{'s' if m != 1 else ''} would overturn" if m is not None
+                    else f"; no change of up to {r['margin']['max_flips']} test examples on a seed overturns it")
+                 + ". With the seeds as replicates of the architectures (which the rule does not test), a t-test "
+                 "of the per-seed differences gives "
+                 + (f"p = {rep['p_value']:.2g}" if rep["p_value"] is not None else "no p-value")
+                 + f", and a sign test with {rep['n']} seeds cannot go below p = {rep['sign_floor']:g}: whether the "
+                 "architectures differ beyond these seeds is not established."
+                 + (f" On networks trained after the preset was chosen (seeds {', '.join(map(str, SEEDS[1:]))}), "
+                    f"scored on the test examples the pilot did not score (from {r['n_test'] - r['unseen']['n'] + 1:,} "
+                    "on; any grid the preset no longer trains was scored on them too), the mean difference is "
+                    f"{100 * r['unseen']['difference']:+.2f} points (95 % interval {100 * r['unseen']['low']:+.2f} "
+                    f"to {100 * r['unseen']['high']:+.2f})." if r.get("unseen") else ""))
 
 
 def _seeds_run(status: dict, models: list) -> str:
