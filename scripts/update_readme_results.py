@@ -1,11 +1,11 @@
-"""Write the README's two sentences on what is and is not established, computed from results/ (chapter 9).
+"""Write the README's results table and its two sentences on what is not established, computed from results/ (chapter 9).
 
     python scripts/update_readme_results.py          # rewrite the block between the markers
     python scripts/update_readme_results.py --check  # exit 1 when the README's block differs (tests run this check)
 
-The sentences are `hkt_nb.lra.results.established_sentences(results/)` and
-`hkt_nb.lm.lm_established_sentence(results_dir=results/lm)`, the functions the book's first page calls; run this
-after committing new run records or baselines.
+The block is `hkt_nb.lra.headline.headline_markdown` and `not_established` of `headline_rows(results/)` (the
+classifiers' records and the language model's in results/lm), the table the book's first page and chapter 9 open
+with; run this after committing new run records or baselines.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ BLOCK = re.compile(re.escape(START) + r"\n(.*?)\n" + re.escape(END), re.S)
 
 
 def readme_sentences(readme: str) -> str:
-    "The sentences between the markers of `readme`; ValueError when the markers are missing."
+    "The generated block between the markers of `readme` (the table and its sentences); ValueError without markers."
     found = BLOCK.search(readme)
     if not found:
         raise ValueError(f"README.md has no block between {START!r} and {END!r}")
@@ -32,15 +32,15 @@ def readme_sentences(readme: str) -> str:
 
 
 def main() -> int:
-    from hkt_nb.lm import lm_established_sentence
-    from hkt_nb.lra.results import established_sentences
+    from hkt_nb.lra.headline import headline_markdown, headline_rows, not_established
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="only compare; exit 1 when the README is stale")
     a = p.parse_args()
     path = ROOT / "README.md"
     readme = path.read_text()
-    wanted = established_sentences(ROOT / "results") + "\n\n" + lm_established_sentence(results_dir=ROOT / "results" / "lm")
+    rows = headline_rows(ROOT / "results")
+    wanted = headline_markdown(rows) + "\n\n" + not_established(rows)
     current = readme_sentences(readme)
     if a.check:
         if current != wanted:

@@ -220,7 +220,8 @@ def test_the_cpu_small_description_holds_for_its_committed_runs():
     import numpy as np
 
     from hkt_nb.lra.baselines import load_baselines
-    from hkt_nb.lra.results import ALPHA, load_predictions, load_runs, mcnemar_exact
+    from hkt_nb.lra.results import load_predictions, load_runs
+    from hkt_nb.stats import ALPHA, mcnemar_exact
 
     assert "no model clears the task's strongest trivial baseline by more than test noise" in PRESETS["cpu_small"].why
     results = REPO / "results"

@@ -1,5 +1,5 @@
-"""Tests of hkt_nb.lra.results: the paired statistics against known answers and scipy, the verdict rules, and
-reading runs, including the committed ListOps seed-0 predictions (issue 11)."""
+"""Tests of hkt_nb.lra.results and the statistics it applies (hkt_nb.stats): the paired statistics against known
+answers and scipy, the verdict rules, and reading runs, including the committed ListOps seed-0 predictions (issue 11)."""
 import json
 import math
 from pathlib import Path
@@ -13,18 +13,20 @@ from hkt_nb.lra.results import (
     PAIRS,
     PAPER_REPORTED,
     SEEDS,
-    binomial_two_sided_p,
     compare_on_seed,
     copy_finished_runs,
-    correctness_correlation,
     load_predictions,
     load_runs,
-    mcnemar_exact,
-    mcnemar_power,
-    paired_bootstrap,
     run_grid,
     run_name,
     seed_summary,
+)
+from hkt_nb.stats import (
+    binomial_two_sided_p,
+    correctness_correlation,
+    mcnemar_exact,
+    mcnemar_power,
+    paired_bootstrap,
     standard_errors,
     verdict,
 )
@@ -360,7 +362,7 @@ def test_chapter_runs_on_missing_and_partial_results(tmp_path, keep):
 
 # ---------------------------------------------------------------- issue 23: the pooled test, verdict margins, baselines
 def test_pooled_bootstrap_agrees_with_a_direct_computation():
-    from hkt_nb.lra.results import pooled_paired_bootstrap
+    from hkt_nb.stats import pooled_paired_bootstrap
 
     ca = np.array([[1, 1, 0, 0, 1, 1], [1, 0, 1, 0, 1, 0], [1, 0, 0, 1, 1, 1]], bool)
     cb = np.array([[0, 0, 0, 0, 1, 0], [0, 0, 1, 1, 0, 0], [0, 1, 0, 1, 1, 0]], bool)
@@ -377,7 +379,7 @@ def test_pooled_bootstrap_agrees_with_a_direct_computation():
 
 
 def test_pooled_bootstrap_of_one_seed_is_the_single_seed_bootstrap():
-    from hkt_nb.lra.results import paired_bootstrap, pooled_paired_bootstrap
+    from hkt_nb.stats import paired_bootstrap, pooled_paired_bootstrap
 
     rng = np.random.default_rng(5)
     a, b = rng.random(500) < 0.6, rng.random(500) < 0.55
@@ -388,7 +390,7 @@ def test_pooled_bootstrap_of_one_seed_is_the_single_seed_bootstrap():
 
 
 def test_verdict_margin_counts_single_example_changes():
-    from hkt_nb.lra.results import ALPHA, binomial_two_sided_p, flips_to, verdict_margin
+    from hkt_nb.stats import ALPHA, binomial_two_sided_p, flips_to, verdict_margin
 
     # 161 vs 126 discordant of 2000 is significant, 160 vs 126 is not: a verdict one example from changing
     assert binomial_two_sided_p(161, 287) < ALPHA <= binomial_two_sided_p(160, 286)
@@ -403,7 +405,8 @@ def test_verdict_margin_counts_single_example_changes():
 
 
 def test_learned_the_task_and_exclusion():
-    from hkt_nb.lra.results import counted_verdict, learned_the_task, run_name
+    from hkt_nb.lra.results import learned_the_task, run_name
+    from hkt_nb.stats import counted_verdict
 
     runs = {run_name("imdb", m, "cpu", s): {"test_acc": acc} for m, accs in (("hkt", (0.7, 0.8, 0.75)),
                                                                              ("mha", (0.7, 0.6, 0.75)))
@@ -494,7 +497,8 @@ def _write_baseline(folder, task, preset, accuracy):
 def test_each_task_is_summarised_at_the_largest_preset_where_its_grid_is_complete(tmp_path):
     """ListOps complete at `cpu`, the other tasks only at `cpu_small`: "auto" shows `cpu`, and the summary and the
     first page's sentences take every task at its own largest complete preset; a given preset takes every task."""
-    from hkt_nb.lra.results import choose_preset, established_sentences, results_summary, summary_markdown, task_scales
+    from hkt_nb.lra.headline import established_sentences
+    from hkt_nb.lra.results import choose_preset, results_summary, summary_markdown, task_scales
 
     labels = np.arange(1000) % 10
     _write_grid(tmp_path, "listops", "cpu", {"hkt": 0.6, "mha": 0.4, "hkt_l1": 0.45, "hkt_l2": 0.5}, labels)
@@ -531,7 +535,7 @@ def test_each_task_is_summarised_at_the_largest_preset_where_its_grid_is_complet
 
 
 def test_readme_states_what_the_records_establish():
-    "The README's two sentences are `established_sentences` of the committed results/ (rerun the script when stale)."
+    "The README's results block is the first page's table of the committed results/ (rerun the script when stale)."
     import subprocess
     import sys
 
@@ -543,13 +547,14 @@ def test_readme_states_what_the_records_establish():
         from update_readme_results import readme_sentences
     finally:
         sys.path.remove(str(script.parent))
-    assert readme_sentences((RESULTS.parent / "README.md").read_text()).startswith("Established: ")
+    block = readme_sentences((RESULTS.parent / "README.md").read_text())
+    assert block.startswith("| task · preset · seeds | HKT | MHA |") and "Not established: " in block
     with pytest.raises(ValueError, match="no block"):
         readme_sentences("# a README without the markers\n")
 
 
 def test_seeds_as_replicates_is_the_one_sample_t_test_of_the_per_seed_differences():
-    from hkt_nb.lra.results import seeds_as_replicates
+    from hkt_nb.stats import seeds_as_replicates
 
     diffs = [0.0341, 0.0144, 0.0133]
     rep = seeds_as_replicates([{"difference": d} for d in diffs] + [None])
@@ -562,7 +567,7 @@ def test_seeds_as_replicates_is_the_one_sample_t_test_of_the_per_seed_difference
 
 def test_flips_along_finds_where_the_walk_changes_the_outcome():
     "Beyond the exhaustive search: the walk's count is exact along its direction (known answers, both neighbours)."
-    from hkt_nb.lra.results import flips_along, flips_to, margin_along, seed_outcome
+    from hkt_nb.stats import flips_along, flips_to, margin_along, seed_outcome
 
     close = {"only_a": 15, "only_b": 4, "n": 200, "seed": 0}
     assert flips_along(close) == flips_to(close) == 2 == margin_along([close])
@@ -653,7 +658,8 @@ def test_pilot_exclusions_follow_the_pilot_decision(tmp_path):
 
 def test_a_task_the_pilot_excludes_is_excluded_even_above_its_baseline(tmp_path):
     from hkt_nb.lra.pilot import PILOT_CANDIDATES
-    from hkt_nb.lra.results import established_sentences, results_summary, summary_markdown
+    from hkt_nb.lra.headline import established_sentences
+    from hkt_nb.lra.results import results_summary, summary_markdown
 
     labels = np.arange(1000) % 10
     _write_grid(tmp_path, "scifar10", "cpu", {"hkt": 0.6, "mha": 0.4}, labels)
@@ -768,7 +774,7 @@ def test_learned_the_task_needs_mcnemar_against_the_baseline_where_tested():
 
 def test_first_page_names_a_superseded_grid_and_its_rules_1_4_outcome(tmp_path):
     "Review s10: the first page's second sentence says an earlier grid exists, what it decided, and that it is not counted."
-    from hkt_nb.lra.results import established_sentences
+    from hkt_nb.lra.headline import established_sentences
 
     labels = _write_variant_grid(tmp_path)
     _write_grid(tmp_path, "listops", "cpu_small", {m: 0.2 for m in EXPECTED_MODELS["listops"]}, labels)
@@ -782,7 +788,7 @@ def test_seed_level_test_is_the_exact_wilcoxon_signed_rank_test():
     # rule 7 (chapter 9): known answers of the exact null (2^7 sign flips), scipy's exact method where there are no
     # ties, ties kept as ties after a float rounding error, and the t-interval of the mean
     from scipy import stats
-    from hkt_nb.lra.results import seed_level_test
+    from hkt_nb.stats import seed_level_test
 
     seven = [0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07]
     assert math.isclose(seed_level_test(seven)["p_value"], 2 / 128)
@@ -802,7 +808,7 @@ def test_seed_level_test_is_the_exact_wilcoxon_signed_rank_test():
 
 
 def test_seed_level_verdict_decides_on_the_fresh_seeds_only():
-    from hkt_nb.lra.results import FRESH_SEEDS, seed_level_verdict
+    from hkt_nb.stats import FRESH_SEEDS, seed_level_verdict
 
     assert FRESH_SEEDS == (3, 4, 5, 6, 7, 8, 9)
     up = {s: 0.01 * (s - 2) for s in FRESH_SEEDS}
@@ -816,3 +822,49 @@ def test_seed_level_verdict_decides_on_the_fresh_seeds_only():
     assert seed_level_verdict(up, ("hkt", "mha"), learned=False)["verdict"].startswith("excluded")
     split = {**up, 3: -0.07, 4: -0.06}  # W- = 13 of 28: undecided
     assert seed_level_verdict(split, ("hkt", "mha"))["verdict"] == "undecided"
+
+
+def test_first_page_table_from_the_committed_records():
+    "The first page's table (chapter 9b): the numbers of issue 32 on ListOps, rule 7's state, the LM row's words."
+    from hkt_nb.lra.headline import headline_markdown, headline_rows, not_established
+
+    rows = headline_rows(RESULTS)
+    by = {(r["task"], r["seeds"]): r for r in rows}
+    listops = by["ListOps", "0-2"]
+    assert listops["preset"] == "cpu" and listops["cells"][4].startswith("+1.65 [")  # mean of +3.03, +0.74, +1.17
+    assert listops["word"] == "undecided" and listops["cells"][5].startswith("**undecided** (3 of 3 seeds ahead")
+    fresh = by["ListOps", "3-9"]["rule7"]
+    assert (fresh["verdict"], fresh["all_seeds"]["n"]) == ("not yet run (0 of 7 seeds)", 3)
+    assert "**not run** (0 of 7 fresh seeds)" in by["ListOps", "3-9"]["cells"][5]
+    lm = next(r for r in rows if r["task"] == "the language model")
+    assert lm["word"] == "not learned" and "HKT better at this budget; neither reaches 7-gram counting" in lm["cells"][5]
+    assert lm["cells"][4].startswith("+0.2")  # MHA - HKT in bits per byte: about 0.21 on every seed
+    table = headline_markdown(rows)
+    assert table.count("\n|") == len(rows) + 1 and "| HKT | MHA |" in table
+    assert not_established(rows).startswith("Not established: ") and not_established(rows).count(". ") == 1
+
+
+def test_first_page_table_applies_rule_seven_once_the_fresh_seeds_are_recorded(tmp_path):
+    "Seeds 3-9 recorded (here copies of seeds 0-2): the rule-7 row reads them, with both intervals and the verdict."
+    import shutil
+
+    from hkt_nb.lra.headline import headline_rows
+    from hkt_nb.stats import seed_level_test
+
+    (tmp_path / "predictions").mkdir()
+    shutil.copytree(RESULTS / "baselines", tmp_path / "baselines")
+    shutil.copytree(RESULTS / "pilot", tmp_path / "pilot")
+    for model in ("hkt", "mha"):
+        for seed in range(10):
+            record = json.loads((RESULTS / f"listops-{model}-cpu-seed{seed % 3}.json").read_text())
+            name = f"listops-{model}-cpu-seed{seed}"
+            shutil.copy(RESULTS / record["predictions_path"], tmp_path / "predictions" / f"{name}.npz")
+            record.update(seed=seed, run=name, predictions_path=f"predictions/{name}.npz")
+            (tmp_path / f"{name}.json").write_text(json.dumps(record))
+    rows = [r for r in headline_rows(tmp_path) if r["task"] == "ListOps"]
+    state = rows[1]["rule7"]
+    diffs = [state["comparisons"][s]["difference"] for s in range(3, 10)]
+    assert state["test"] == seed_level_test(diffs) and state["all_seeds"]["n"] == 10
+    assert state["verdict"] == "hkt better than mha" and rows[1]["word"] == "HKT better"  # seven positive differences
+    assert rows[1]["cells"][4].startswith("fresh: +") and "(7 seeds); all: +" in rows[1]["cells"][4]
+    assert "(10 seeds)" in rows[1]["cells"][4] and "Wilcoxon p = 0.016" in rows[1]["cells"][5]
