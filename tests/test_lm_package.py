@@ -70,14 +70,13 @@ def test_the_package_reaches_lra_only_through_its_marked_imports(repo_root):
             module = ("." * node.level + (node.module or "")) if isinstance(node, ast.ImportFrom) else None
             if any("lra" in n for n in names) or (module and ("..lra" in module or "hkt_nb.lra" in module)):
                 found.append((path.name, module))
-                assert module in ("..lra.checkpoints", "..lra.loop", "..lra.results"), (path.name, node.lineno)
+                assert module in ("..lra.checkpoints", "..lra.loop"), (path.name, node.lineno)
                 assert id(node) in top, f"{path.name}:{node.lineno}: an lra import inside a function"
                 comment = " ".join(lines[node.lineno - 3: node.lineno - 1])
                 assert "redirect" in comment and ("hkt_nb.train" in comment or "hkt_nb.stats" in comment), (
                     f"{path.name}:{node.lineno}: no comment naming the redirect above the import")
     assert sorted(found) == [("data.py", "..lra.checkpoints"), ("runs.py", "..lra.checkpoints"),
-                             ("training.py", "..lra.checkpoints"), ("training.py", "..lra.loop"),
-                             ("verdicts.py", "..lra.results")]
+                             ("training.py", "..lra.checkpoints"), ("training.py", "..lra.loop")]
 
 
 def test_lr_at_is_the_former_schedule():

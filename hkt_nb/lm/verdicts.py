@@ -11,16 +11,14 @@ from pathlib import Path
 import numpy as np
 
 from .._checks import check_choice
-
-# THE VERDICT RULES, the classifiers' own (today hkt_nb.lra.results; issue 31 moves them to hkt_nb.stats): redirect this line
-from ..lra.results import counted_verdict, verdict
+from ..stats import counted_verdict, decide, learned_on_seeds  # the verdict rules, the classifiers' own (chapter 9a)
 from .ngram import ngram_settings
 from .runs import LM_MODELS, LM_PRESETS, default_lm_results_dir, load_lm_runs
 from .training import load_record
 
 # %% auto #0
-__all__ = ['LM_VERDICT_RULES', 'LM_PAIRS', 'compare_lm', 'lm_learned_the_task', 'counted_lm_verdict', 'lm_comparisons',
-           'lm_established_sentence']
+__all__ = ['LM_FAILURE', 'LM_VERDICT_RULES', 'LM_PAIRS', 'compare_lm', 'lm_learned_the_task', 'counted_lm_verdict',
+           'lm_comparisons', 'lm_established_sentence']
 
 # %% ../../nbs/15g_lm_verdicts.ipynb #36cf3faa
 def compare_lm(
@@ -53,11 +51,12 @@ def lm_learned_the_task(
     of the model against the baseline} and `below` (the seeds that do not beat it). `ValueError` when the windows
     differ."""
     per_seed = {s: compare_lm(record, baseline) for s, record in sorted(runs.items())}
-    below = [s for s, c in per_seed.items() if not c["low"] > 0]
-    return {"learned": (not below) if per_seed else None, "baseline": baseline["model"], "bar": baseline["val_bpb"],
-            "per_seed": per_seed, "below": below}
+    status = learned_on_seeds({s: {"difference": c["difference"], "low": c["low"]} for s, c in per_seed.items()},
+                              baseline["model"], baseline["val_bpb"])  # rule 5 on the interval alone, as stated
+    return {**status, "per_seed": per_seed}
 
 
+LM_FAILURE = "not below the strongest n-gram baseline, {baseline}, on every seed"  # rule 5's words for bits per byte
 LM_VERDICT_RULES = """\
 1. A comparison of model A with model B uses the seeds on which both runs finished; it needs 3 seeds (those of `cpu` and `paper`; `smoke`'s one seed never decides), otherwise it is 'inconclusive (k of 3 seeds)'.
 2. On each seed, the per-window held-out bits per byte of A and B, on the same windows, are compared by two paired tests (`compare_lm`): a two-sided z-test of the mean per-window difference (p < 0.05) and the paired bootstrap 95 % interval of bpb(B) - bpb(A).
@@ -74,7 +73,7 @@ def counted_lm_verdict(
 ) -> str:
     """The verdict that counts: the rule's, or 'excluded (...)' when model A or B has not learned the task: the
     classifiers' rule 5 (`counted_verdict` of the results chapter), applied to `lm_learned_the_task`."""
-    return counted_verdict(rule_verdict, learned_a, learned_b, models)
+    return counted_verdict(rule_verdict, learned_a, learned_b, models, LM_FAILURE)
 
 # %% ../../nbs/15g_lm_verdicts.ipynb #4b590ea4
 LM_PAIRS = (("hkt_l3", "mha"), ("hkt_l1", "mha"), ("hkt_l3", "hkt_l1"), ("hkt_l2", "hkt_l1"), ("hkt_l3", "mha_window"))
@@ -96,10 +95,9 @@ def lm_comparisons(
     for a, b in pairs:
         if a in runs and b in runs:
             per_seed = [compare_lm(runs[a][s], runs[b][s]) for s in sorted(set(runs[a]) & set(runs[b]))]
-            rule = verdict(per_seed)
+            out = decide(per_seed, learned[a], learned[b], (a, b), LM_FAILURE)
             rows.append({"A": a, "B": b, "difference": float(np.mean([c["difference"] for c in per_seed])),
-                         "seeds": len(per_seed), "rule": rule,
-                         "verdict": counted_lm_verdict(rule, learned[a], learned[b], (a, b))})
+                         "seeds": len(per_seed), **out})
     return learned, rows
 
 
