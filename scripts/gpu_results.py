@@ -5,9 +5,10 @@
     python scripts/gpu_results.py train              # on the GPU (`make gpu-results`): results/gpu/accuracy/
     python scripts/gpu_results.py dry-run            # both on the CPU at toy size (part of `make gpu-check-dry`)
 
-`prepare` generates and tokenises the `paper` preset's ListOps splits (setting "paper", T = 512: 96,000 training,
+`prepare` (on the CPU) generates and tokenises the `paper` preset's ListOps splits (setting "paper", T = 512: 96,000 training,
 2,000 validation and 10,000 test expressions) in the library's own cache layout (chapter 4), and packs the tokenised
-splits into one gzipped tar, _build/gpu_carry/listops-paper.tar.gz (at most `MAX_CARRY_MIB`; its size is printed), the one
+splits into one gzipped tar (and fits the task's trivial baselines on the same splits, written to
+results/baselines/listops-paper.json), _build/gpu_carry/listops-paper.tar.gz (at most `MAX_CARRY_MIB`; its size is printed), the one
 folder a device call carries. `train` unpacks it and points the library's cache at it, so that no expression is
 generated on the device, and fails if the cache changed (generation happened after all). For
 each model it first measures its training throughput in a short probe (`probe`: full-length batches, after
@@ -72,6 +73,8 @@ def prepare(archive: Path, sizes: dict) -> dict:
     splits, vocab_size, n_classes = spec.load_splits(None)
     info = {"sizes": {s: len(d) for s, d in splits.items()}, "vocab_size": vocab_size, "n_classes": n_classes,
             "requested": sizes, "tokenized_bytes": folder_bytes(cache / "tokenized")}
+    if not is_toy(sizes):  # the task's trivial baselines on the same splits, fit here on the CPU (chapter 4d)
+        info["baselines"] = fit_paper_baselines(splits)
     (cache / "prepared.json").write_text(json.dumps(info, indent=1) + "\n")
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(cache / "tokenized", arcname="tokenized")
@@ -83,6 +86,22 @@ def prepare(archive: Path, sizes: dict) -> dict:
         raise ValueError(f"{archive} takes {size / 2**20:.1f} MiB, more than the {MAX_CARRY_MIB} MiB a device call "
                          f"carries: prepare fewer training examples (--n-train)")
     return info
+
+
+def is_toy(sizes: dict) -> bool:
+    "Whether `sizes` are a dry run's (no baselines are fit or written for those)."
+    return sizes["n_train"] < FULL["n_train"] // 10
+
+
+def fit_paper_baselines(splits: dict) -> dict:
+    """The trivial baselines of ListOps (chapter 4d) fit on the prepared splits, which are the `paper` preset's
+    (the same generator streams, sizes and data seed), written to results/baselines/listops-paper.json with their
+    test predictions: the bar the results chapter sets beside the GPU runs. Returns {name: test accuracy}."""
+    from hkt_nb.lra.baselines import fit_baselines, save_baselines, split_sequences
+
+    result = fit_baselines("listops", "paper", splits={s: split_sequences(d) for s, d in splits.items()})
+    save_baselines(result, ROOT / "results")
+    return {name: b["test_acc"] for name, b in result["baselines"].items()}
 
 
 def unpack(archive: Path) -> Path:
