@@ -22,6 +22,7 @@
    hkt_nb/_modidx.py (`<doc_host><doc_baseurl>/<name>.html#<symbol>`) then open the chapter's page.
 
 Usage: python scripts/build_book.py [--preset smoke] [--no-execute] [--pages nbs/00_index nbs/99_references]
+       [--reuse-outputs]  (keep the outputs of chapters whose code is unchanged since the last build)
 """
 from __future__ import annotations
 
@@ -309,6 +310,22 @@ def execute(path: Path, parameters: dict | None = None):
     print(f"  executed {path.relative_to(ROOT)} in {time.time() - t0:.1f} s", flush=True)
 
 
+def reuse_outputs(nb, previous: Path) -> bool:
+    """Give `nb` (a translated chapter, in place) the outputs of `previous`, the executed copy of an earlier build,
+    when its code cells are exactly the same (`--reuse-outputs`: a rebuild after edits to text or style only);
+    False, changing nothing, when there is no such copy or any code cell differs."""
+    if not previous.exists():
+        return False
+    old = nbformat.read(previous, as_version=4)
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    executed = [cell for cell in old.cells if cell.cell_type == "code" and "injected-parameters" not in cell.metadata.get("tags", [])]
+    if [cell.source for cell in code] != [cell.source for cell in executed]:
+        return False
+    for cell, done in zip(code, executed):
+        cell.outputs, cell.execution_count = done.outputs, done.execution_count
+    return True
+
+
 def strip_rules(path: Path) -> None:
     """Remove horizontal rules (`---` lines) from markdown outputs, e.g. nbdev's `show_doc`: docutils allows a
     transition only at the top level of a document, and myst-nb nests outputs in a container (Sphinx then fails
@@ -342,6 +359,9 @@ def main(argv=None):
     ap.add_argument("--preset", default="smoke", help="preset for experiment chapters with no executed copy")
     ap.add_argument("--no-execute", action="store_true", help="only prepare the sources (for debugging)")
     ap.add_argument("--pages", nargs="+", help="build only these _toc.yml entries (e.g. nbs/00_index nbs/99_references)")
+    ap.add_argument("--reuse-outputs", action="store_true",
+                    help="take a chapter's outputs from the previous build's copy when its code is unchanged "
+                         "(a rebuild after edits to text or style; results/ or library changes need a full build)")
     args = ap.parse_args(argv)
     start = time.time()
     pages = toc_files(ROOT / "_toc.yml")
@@ -351,8 +371,13 @@ def main(argv=None):
             sys.exit(f"--pages: {sorted(unknown)} not in _toc.yml")
         pages = [p for p in pages if p in args.pages or p == pages[0]]
 
+    previous = SRC.with_name("book_src.previous")  # the last build's executed copies (--reuse-outputs)
+    shutil.rmtree(previous, ignore_errors=True)
     if SRC.exists():
-        shutil.rmtree(SRC)
+        if args.reuse_outputs:
+            SRC.rename(previous)
+        else:
+            shutil.rmtree(SRC)
     SRC.mkdir(parents=True)
     config = book_config(yaml.safe_load((ROOT / "_config.yml").read_text()), settings())
     (SRC / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -377,7 +402,12 @@ def main(argv=None):
             if not args.no_execute:
                 execute(dest, {"preset": args.preset})
             continue
-        nbformat.write(translate(nb, name), dest)
+        nb = translate(nb, name)
+        if args.reuse_outputs and reuse_outputs(nb, previous / f"{name}.ipynb"):
+            print(f"  {name}: code unchanged, outputs of the previous build reused", flush=True)
+            nbformat.write(nb, dest)
+            continue
+        nbformat.write(nb, dest)
         if not args.no_execute:
             execute(dest)
     if args.no_execute:

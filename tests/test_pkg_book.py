@@ -235,3 +235,20 @@ def test_real_chapters_hide_exactly_their_plumbing_and_open_with_their_idea(buil
     first = shown[0]
     assert first.cell_type == "markdown" or "remove-input" in first.metadata.get("tags", []), (
         f"{chapter} opens with code: {first.source[:120]}")
+
+
+def test_reuse_outputs_only_when_the_code_is_unchanged(build_book, tmp_path):
+    "`--reuse-outputs` takes an earlier build's outputs for a chapter whose code cells are the same, else none."
+    def chapter(code):
+        return nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# T"), nbformat.v4.new_code_cell(code)])
+    done = chapter("1 + 1")
+    done.cells[1].outputs = [nbformat.v4.new_output("execute_result", data={"text/plain": "2"}, execution_count=1)]
+    done.cells.insert(1, nbformat.v4.new_code_cell("preset = 'smoke'", metadata={"tags": ["injected-parameters"]}))
+    nbformat.write(done, tmp_path / "old.ipynb")
+    same = chapter("1 + 1")
+    same.cells[0].source = "# T, text edited"
+    assert build_book.reuse_outputs(same, tmp_path / "old.ipynb")
+    assert same.cells[1].outputs[0]["data"]["text/plain"] == "2" and same.cells[0].source == "# T, text edited"
+    changed = chapter("1 + 2")
+    assert not build_book.reuse_outputs(changed, tmp_path / "old.ipynb") and changed.cells[1].outputs == []
+    assert not build_book.reuse_outputs(chapter("1 + 1"), tmp_path / "missing.ipynb")
