@@ -27,10 +27,17 @@ INSTALL = "install the system package: `apt-get install chromium chromium-driver
 
 
 def toc_pages() -> list[str]:
+    "Every page of _toc.yml, root first, sections (e.g. nbs/02a_flex) included."
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     pages = [toc["root"]]
+
+    def walk(entries):
+        for entry in entries:
+            pages.append(entry["file"])
+            walk(entry.get("sections", []))
+
     for part in toc.get("parts", []):
-        pages += [chapter["file"] for chapter in part.get("chapters", [])]
+        walk(part.get("chapters", []))
     return pages
 
 
