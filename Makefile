@@ -20,7 +20,7 @@ HKT_DATA_DIR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 export HKT_DATA_DIR
 export PYTHONHASHSEED := 0
 
-# the extras the chapters and the tests need (declared once, in settings.ini; README "Use the layer in your own model")
+# the extras the chapters and the tests need (declared once, in settings.ini; the book page nbs/98_install, "Install")
 EXTRAS ?= lra,theory,book,dev
 BOOK_HTML := _build/_build/html
 

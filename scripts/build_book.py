@@ -11,15 +11,23 @@
    Experiment chapters (`experiment_chapters()`: the task registry's chapters) are not retrained here: the build
    takes the executed copy that `make chapters PRESET=...` wrote to results/chapters/<preset>/, the
    largest preset available (paper, then cpu, then cpu_small, then smoke); with none, it executes them with --preset.
+   Plumbing is hidden from the HTML (tag `remove-cell`; the code stays in the notebook and runs), by rules on the
+   cell's source (`plumbing_tag`, `split_export_imports`), so every chapter opens with its idea: the install cell,
+   cells of only imports (an `#| export` import block, the `show_doc` fallback, `_all_` lists, display options),
+   the leading import block of an `#| export` cell that goes on with code (split off into its own hidden cell),
+   and the parameter checks of papermill chapters (a cell that starts `# validate the parameters`). The
+   `parameters` cell and the one papermill injects are folded (`hide-cell`: one click away).
 3. Run `jupyter-book build` with warnings as errors; Jupyter Book itself executes nothing.
 4. Write a redirect page `<name>.html` for every chapter `nbs/NN_<name>.ipynb`: the links nbdev writes into
    hkt_nb/_modidx.py (`<doc_host><doc_baseurl>/<name>.html#<symbol>`) then open the chapter's page.
 
 Usage: python scripts/build_book.py [--preset smoke] [--no-execute] [--pages nbs/00_index nbs/99_references]
+       [--reuse-outputs]  (keep the outputs of chapters whose code is unchanged since the last build)
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import re
 import shutil
@@ -55,6 +63,95 @@ DIRECTIVE_TAGS = {
     "slow": None,
 }
 MAGIC = re.compile(r"^\s*%%\w+")  # a cell magic among the leading lines stays (nbdev keeps it too)
+PLUMBING = "remove-cell"  # the tag of plumbing (see `plumbing_tag`)
+INSTALL_MARK = "Written by scripts/install_cell.py"  # the install cell's own comment (scripts/install_cell.py)
+VALIDATION = re.compile(r"\A\s*# validate the parameters\b")  # the first line of a papermill chapter's parameter checks
+EXPORTED_NAMES = {"_all_", "__all__"}  # nbdev's list of a module's public names
+DISPLAY_OPTIONS = {"set_option", "filterwarnings", "simplefilter"}  # pd.set_option(...), warnings.filterwarnings(...)
+FOLDED = "hide-cell"  # papermill's parameters: one click away
+PARAMETER_TAGS = {"parameters", "injected-parameters"}
+
+
+def is_plumbing_statement(node: ast.stmt) -> bool:
+    """An import, an import guarded by `try: ... except ImportError` (whatever the fallback does: the `show_doc`
+    stand-in, a clear message for a missing extra, another platform's module), nbdev's `_all_`
+    list, or a display option (`pd.set_option(...)`, `warnings.filterwarnings(...)`): what a reader need not see."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return True
+    if isinstance(node, ast.Try):
+        caught = {getattr(h.type, "id", getattr(h.type, "attr", None)) for h in node.handlers}
+        return (bool(node.handlers) and caught <= {"ImportError", "ModuleNotFoundError"} and not node.finalbody
+                and all(isinstance(n, (ast.Import, ast.ImportFrom)) for n in node.body + node.orelse))
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return all(isinstance(t, ast.Name) and t.id in EXPORTED_NAMES for t in targets)
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+        func = node.value.func
+        return getattr(func, "attr", getattr(func, "id", None)) in DISPLAY_OPTIONS
+    return False
+
+
+def parse_cell(source: str) -> list[ast.stmt] | None:
+    "The top-level statements of a code cell (None: not plain Python, e.g. a cell magic or `!pip`)."
+    try:
+        return ast.parse(source).body
+    except SyntaxError:
+        return None
+
+
+def plumbing_tag(source: str, tags=()) -> str | None:
+    """The tag that keeps a code cell's plumbing out of the HTML, from its source (directives already stripped) and
+    its tags: `remove-cell` for the install cell, a cell of only plumbing statements (`is_plumbing_statement`) and a
+    papermill chapter's parameter checks; `hide-cell` for the `parameters` cell and papermill's injected one."""
+    if PARAMETER_TAGS & set(tags):
+        return FOLDED
+    if INSTALL_MARK in source or VALIDATION.match(source):
+        return PLUMBING
+    body = parse_cell(source)
+    if body and all(is_plumbing_statement(node) for node in body):
+        return PLUMBING
+    return None
+
+
+def split_export_imports(source: str) -> tuple[str, str] | None:
+    """An `#| export` cell that opens with a block of imports and goes on with code, split into (the imports, the
+    rest), the comments just above the first statement of the code going with it; None when there is nothing to split."""
+    body = parse_cell(source)
+    if not body or not is_plumbing_statement(body[0]) or all(is_plumbing_statement(node) for node in body):
+        return None
+    first = next(node for node in body if not is_plumbing_statement(node))
+    start = min([first.lineno, *(d.lineno for d in getattr(first, "decorator_list", []))]) - 1
+    lines = source.splitlines(True)
+    while start > 0 and lines[start - 1].lstrip().startswith("#"):
+        start -= 1
+    head, rest = "".join(lines[:start]).strip("\n"), "".join(lines[start:]).strip("\n")
+    return (head, rest) if head and rest else None
+
+
+def hide_plumbing(nb, exported: set[int]):
+    """Tag (in place) every plumbing cell of `nb` (`plumbing_tag`) and split the leading imports off the code cells at
+    the indices `exported` (the `#| export` cells; `split_export_imports`): the first screen is then the chapter's."""
+    cells = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            cells.append(cell)
+            continue
+        tags = list(cell.metadata.get("tags", []))
+        split = split_export_imports(cell.source) if index in exported and not tags else None
+        if split:
+            imports = nbformat.v4.new_code_cell(split[0], metadata={"tags": [PLUMBING]})
+            if cell.get("id"):
+                imports.id = f"{cell.id}-imports"[:64]
+            else:
+                imports.pop("id", None)
+            cell.source = split[1]
+            cells.append(imports)
+        tag = plumbing_tag(cell.source, tags)
+        if tag and not {PLUMBING, "remove-input", "hide-input", FOLDED} & set(tags):
+            cell.metadata["tags"] = [*tags, tag]
+        cells.append(cell)
+    nb.cells = cells
+    return nb
 def toc_files(toc_path: Path) -> list[str]:
     "All `file:` entries of a Jupyter Book 1 _toc.yml, root first."
     toc = yaml.safe_load(toc_path.read_text())
@@ -93,15 +190,16 @@ def subset_toc(toc: dict, pages: list[str]) -> dict:
     return {**toc, "parts": parts} if parts else {k: v for k, v in toc.items() if k != "parts"}
 
 
-def translate_cell(cell) -> None:
-    "Map the leading nbdev directives of one code cell to tags and strip them from its source (in place)."
+def translate_cell(cell) -> dict:
+    """Map the leading nbdev directives of one code cell to tags and strip them from its source (in place); returns
+    the directives (nbdev's `extract_directives`: name -> arguments)."""
     lines = cell.source.splitlines(True)
     first = first_code_ln(lines)  # nbdev's split: leading directives (and cell magics), then code
     first = len(lines) if first is None else first
     leading = "".join(line for line in lines[:first] if not MAGIC.match(line))
     directives = extract_directives(nbformat.NotebookNode(source=leading), remove=False)
     if not directives:
-        return
+        return directives
     tags = list(cell.metadata.get("tags", []))
     for name, args in directives.items():
         tag = directive_tag(name, args)
@@ -110,23 +208,27 @@ def translate_cell(cell) -> None:
     cell.source = "".join([line for line in lines[:first] if MAGIC.match(line)] + lines[first:]).strip("\n")
     if tags:
         cell.metadata["tags"] = tags
+    return directives
 
 
 def translate(nb, name: str | None = None):
-    """Map `#|` directives of code cells to tags and strip them from the source (in place); with the page's `name`,
-    also put its chapter label in front of its title (`label_title`)."""
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            translate_cell(cell)
+    """Map `#|` directives of code cells to tags and strip them from the source, hide the plumbing (`hide_plumbing`),
+    in place; with the page's `name`, also put its chapter label in front of its title (`label_title`)."""
+    exported = set()
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and {"export", "exports"} & set(translate_cell(cell)):
+            exported.add(index)
+    hide_plumbing(nb, exported)
     return label_title(nb, name) if name else nb
 
 
 def chapter_label(name: str) -> str | None:
     """The label the chapters use for a page, from its file name: "nbs/04d_baselines" -> "4d", "nbs/10_cost" -> "10";
-    None for the first page (00) and the back matter (99), which have no number."""
+    None for the first page (00) and the back matter (90-99: installing, references), which have no number."""
     prefix = Path(name).name.split("_")[0]
     label = prefix.lstrip("0")
-    return None if not label or prefix in ("00", "99") or not label[0].isdigit() else label
+    back_matter = prefix[:2].isdigit() and int(prefix[:2]) >= 90
+    return None if not label or prefix == "00" or back_matter or not label[0].isdigit() else label
 
 
 def label_title(nb, name: str):
@@ -208,6 +310,22 @@ def execute(path: Path, parameters: dict | None = None):
     print(f"  executed {path.relative_to(ROOT)} in {time.time() - t0:.1f} s", flush=True)
 
 
+def reuse_outputs(nb, previous: Path) -> bool:
+    """Give `nb` (a translated chapter, in place) the outputs of `previous`, the executed copy of an earlier build,
+    when its code cells are exactly the same (`--reuse-outputs`: a rebuild after edits to text or style only);
+    False, changing nothing, when there is no such copy or any code cell differs."""
+    if not previous.exists():
+        return False
+    old = nbformat.read(previous, as_version=4)
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    executed = [cell for cell in old.cells if cell.cell_type == "code" and "injected-parameters" not in cell.metadata.get("tags", [])]
+    if [cell.source for cell in code] != [cell.source for cell in executed]:
+        return False
+    for cell, done in zip(code, executed):
+        cell.outputs, cell.execution_count = done.outputs, done.execution_count
+    return True
+
+
 def strip_rules(path: Path) -> None:
     """Remove horizontal rules (`---` lines) from markdown outputs, e.g. nbdev's `show_doc`: docutils allows a
     transition only at the top level of a document, and myst-nb nests outputs in a container (Sphinx then fails
@@ -241,6 +359,9 @@ def main(argv=None):
     ap.add_argument("--preset", default="smoke", help="preset for experiment chapters with no executed copy")
     ap.add_argument("--no-execute", action="store_true", help="only prepare the sources (for debugging)")
     ap.add_argument("--pages", nargs="+", help="build only these _toc.yml entries (e.g. nbs/00_index nbs/99_references)")
+    ap.add_argument("--reuse-outputs", action="store_true",
+                    help="take a chapter's outputs from the previous build's copy when its code is unchanged "
+                         "(a rebuild after edits to text or style; results/ or library changes need a full build)")
     args = ap.parse_args(argv)
     start = time.time()
     pages = toc_files(ROOT / "_toc.yml")
@@ -250,8 +371,13 @@ def main(argv=None):
             sys.exit(f"--pages: {sorted(unknown)} not in _toc.yml")
         pages = [p for p in pages if p in args.pages or p == pages[0]]
 
+    previous = SRC.with_name("book_src.previous")  # the last build's executed copies (--reuse-outputs)
+    shutil.rmtree(previous, ignore_errors=True)
     if SRC.exists():
-        shutil.rmtree(SRC)
+        if args.reuse_outputs:
+            SRC.rename(previous)
+        else:
+            shutil.rmtree(SRC)
     SRC.mkdir(parents=True)
     config = book_config(yaml.safe_load((ROOT / "_config.yml").read_text()), settings())
     (SRC / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -276,7 +402,12 @@ def main(argv=None):
             if not args.no_execute:
                 execute(dest, {"preset": args.preset})
             continue
-        nbformat.write(translate(nb, name), dest)
+        nb = translate(nb, name)
+        if args.reuse_outputs and reuse_outputs(nb, previous / f"{name}.ipynb"):
+            print(f"  {name}: code unchanged, outputs of the previous build reused", flush=True)
+            nbformat.write(nb, dest)
+            continue
+        nbformat.write(nb, dest)
         if not args.no_execute:
             execute(dest)
     if args.no_execute:

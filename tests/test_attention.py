@@ -341,13 +341,17 @@ def test_nan_and_inf_in_padded_positions_do_not_reach_real_tokens(cls, causal, r
             assert all(s.isfinite().all() for s in layer.scores(dirty, kpm).levels)
 
 
-def test_readme_parameter_counts_are_the_layers(repo_root):
-    "The per-layer parameter counts the README's drop-in section quotes (D = 128, H = 4) are those of the layers."
+def test_install_page_parameter_counts_are_the_layers(repo_root):
+    """The per-layer parameter counts that the drop-in section of the page *Installing, building and contributing*
+    (nbs/98_install.ipynb, moved there from the README) quotes (D = 128, H = 4) are those of the layers."""
     import re
-    text = re.sub(r"\s+", " ", (repo_root / "README.md").read_text())
+
+    import nbformat
+    page = nbformat.read(repo_root / "nbs" / "98_install.ipynb", as_version=4)
+    text = re.sub(r"\s+", " ", "\n".join(c.source for c in page.cells if c.cell_type == "markdown"))
     quoted = re.search(r"`MultiHeadAttention` ([\d,]+) parameters; HKT with 1 level \(attention plus the hybrid "
                        r"convolution\) ([\d,]+); 2 levels ([\d,]+); 3 levels ([\d,]+)", text)
-    assert quoted, "the README's cost sentence changed: update this test"
+    assert quoted, "the install page's cost sentence changed: update this test"
     counts = [sum(p.numel() for p in layer.parameters()) for layer in
               [MultiHeadAttention(128, 4)] + [HierarchicalAttention(128, 4, n_levels=L) for L in (1, 2, 3)]]
     assert [int(n.replace(",", "")) for n in quoted.groups()] == counts

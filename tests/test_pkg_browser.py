@@ -2,7 +2,11 @@
 Selenium opens every chapter page of `_build/_build/html` (or `HKT_BOOK_HTML`) from disk, with no network,
 and checks that
 - the maths is typeset: every `.math` element holds MathJax output (`mjx-container`), no MathJax error,
-  and no raw `\\begin{` or `$$` is left in the text outside code;
+  and no raw `\\begin{` or `$$` is left in the text outside code, nor any `$...\\cmd...$`, `$..^{..}$` or `$.._{..}$`
+  (maths in a Markdown output, a show_doc docstring or a table that was not typeset; issue 33);
+- no show_doc attribute text (`{target="_blank" ...}`) is printed beside an API entry;
+- no display equation is clipped: a display whose content is wider than its box scrolls inside it (and no part
+  of it lies left of its box, where no scrollbar reaches);
 - every image has loaded (`complete` and a non-zero natural width);
 - the Colab launch link opens this chapter's notebook in the repository of settings.ini;
 - the page raised no JavaScript error (browser log level SEVERE).
@@ -23,10 +27,17 @@ INSTALL = "install the system package: `apt-get install chromium chromium-driver
 
 
 def toc_pages() -> list[str]:
+    "Every page of _toc.yml, root first, sections (e.g. nbs/02a_flex) included."
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     pages = [toc["root"]]
+
+    def walk(entries):
+        for entry in entries:
+            pages.append(entry["file"])
+            walk(entry.get("sections", []))
+
     for part in toc.get("parts", []):
-        pages += [chapter["file"] for chapter in part.get("chapters", [])]
+        walk(part.get("chapters", []))
     return pages
 
 
@@ -77,8 +88,36 @@ const start = Date.now();
 INSPECT = """
 const maths = [...document.querySelectorAll(".math")];
 const body = document.body.cloneNode(true);
-body.querySelectorAll("pre, code, script, style, .math, mjx-container").forEach(e => e.remove());
+body.querySelectorAll("pre, code, script, style, textarea, .math, mjx-container").forEach(e => e.remove());
+const walker = document.createTreeWalker(body, NodeFilter.SHOW_TEXT);
+const texts = [];
+while (walker.nextNode()) texts.push(walker.currentNode.nodeValue);
+const text = texts.join(" ");  // text nodes apart, as tools/rawtex.py reads them
+// a display is clipped when its content is wider than the box that shows it and that box does not scroll, or
+// when part of it lies left of that box (centred content that overflows: no scrollbar reaches it)
+const clipped = [];
+for (const display of document.querySelectorAll('mjx-container[display="true"]')) {
+  const math = display.querySelector("mjx-math") || display;
+  const content = math.getBoundingClientRect();
+  for (const box of [display, display.parentElement]) {
+    if (!box) continue;
+    const rect = box.getBoundingClientRect(), style = getComputedStyle(box);
+    const reason = content.left < rect.left - 1 ? "starts left of its box"
+      : content.width <= box.clientWidth + 1 ? null
+      : ["auto", "scroll"].includes(style.overflowX) && box.scrollWidth >= content.width - 1 ? "scrolls"
+      : "wider than its box";
+    if (reason === "scrolls") break;  // reachable: this box scrolls over the whole display
+    if (reason) {
+      clipped.push(`${display.textContent.slice(0, 60)}: ${reason} (content ${content.width.toFixed(0)} px, ` +
+                   `box ${box.clientWidth} px, overflow-x ${style.overflowX})`);
+      break;
+    }
+  }
+}
 return {
+  rawtex: text.match(/\\$[^$\\n]{0,80}?(?:\\\\[a-zA-Z]+|\\^\\{|_\\{)[^$\\n]{0,80}?\\$/g) || [],
+  attributes: text.match(/\\{target=/g) || [],
+  clipped: clipped,
   maths: maths.length,
   untypeset: maths.filter(e => !e.querySelector("mjx-container")).map(e => e.textContent.slice(0, 80)),
   errors: [...document.querySelectorAll("mjx-merror")].map(e => e.textContent.slice(0, 80)),
@@ -109,6 +148,9 @@ def test_book_page_in_chromium(browser, page, settings):
     assert found["untypeset"] == [], f"maths left as text on {page}"
     assert found["errors"] == [], f"MathJax errors on {page}"
     assert found["raw"] == [], f"raw TeX left in the text of {page}: {found['raw']}"
+    assert found["rawtex"] == [], f"maths left as raw $...$ TeX on {page}: {found['rawtex'][:5]}"
+    assert found["attributes"] == [], f"raw show_doc attribute text {{target=...}} on {page}"
+    assert found["clipped"] == [], f"display maths wider than its box, with no scrollbar, on {page}: {found['clipped']}"
     broken = [image["src"] for image in found["images"] if not image["ok"]]
     assert broken == [], f"images that did not load on {page}"
     colab = colab_url(page, settings)
