@@ -255,3 +255,20 @@ def test_an_offline_hub_look_up_fails_fast_and_says_how_to_load_a_folder(env, tm
     seconds, message = out.stdout.split("\n", 1)
     assert float(seconds) < 3.0, seconds
     assert "to load a local folder instead, pass its path" in message and "someone/not-here" in message, message
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_byte_lm_with_the_mixin_round_trips_in_every_dtype(dtype, tmp_path):
+    "What the byte LM gets for free once it inherits PretrainedMixin (its tied head saved once, loaded tied)."
+    from hkt_nb.lm import ByteLM, LMConfig
+    from hkt_nb.pretrained import PretrainedMixin
+
+    class LM(PretrainedMixin, ByteLM):
+        config_class = LMConfig
+
+    torch.manual_seed(0)
+    model = LM(LMConfig(d_model=16, n_heads=2, n_layers=2, max_len=32)).to(dtype).eval()
+    loaded = LM.from_pretrained(model.save_pretrained(tmp_path / "lm"))
+    assert loaded.head.weight is loaded.tok_emb.weight and {p.dtype for p in loaded.parameters()} == {dtype}
+    assert loaded.cfg.to_dict() == model.cfg.to_dict()
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
