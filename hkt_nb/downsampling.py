@@ -5,6 +5,8 @@
 # %% ../nbs/01_downsampling.ipynb #1762e5b8
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,7 +16,8 @@ from ._checks import check_bool, check_heads, check_int  # noqa: F401
 from ._checks import check_probability as check_dropout  # noqa: F401
 
 # %% auto #0
-__all__ = ['level_lengths', 'CausalDownsample', 'coarsen_padding_mask', 'pad_to_stride', 'Pyramid', 'receptive_field']
+__all__ = ['level_lengths', 'CausalDownsample', 'coarsen_padding_mask', 'level_length', 'export_length_range',
+           'check_export_length', 'pad_to_stride', 'Pyramid', 'receptive_field']
 
 # %% ../nbs/01_downsampling.ipynb #ab6e70d0
 def level_lengths(
@@ -67,15 +70,84 @@ def coarsen_padding_mask(
     return key_padding_mask[:, ::stride]
 
 # %% ../nbs/01_downsampling.ipynb #fdfa3711
+def level_length(
+    T: int | torch.SymInt,  # sequence length T >= 1 (a symbolic length under torch.export)
+    level: int,  # level l, 0 <= l <= n_levels - 1
+    stride: int,  # stride s >= 2
+    n_levels: int,  # number of levels L >= 1
+) -> int | torch.SymInt:  # T_l = ceil(T / s^l)
+    r"""$T_l = \lceil T/s^l \rceil$, written as $\lfloor (T - 1 - s^{L-1}) / s^l \rfloor + 1 + s^{L-1-l}$: the same
+    integer for every T (floor division shifts by whole multiples of $s^l$), in the form from which the symbolic
+    shape algebra of `torch.export` proves that every level has at least two tokens when $T > s^{L-1}$ (the floor
+    term is then $\ge 0$). The nested form $\lceil \lceil T/s \rceil / s \rceil$ gives the same numbers, but its
+    shape guards (e.g. `(2 % (2*((1 + T) // 2))) != 0`) are proved only for some ranges of T."""
+    top = stride ** (n_levels - 1)
+    return (T - 1 - top) // stride**level + 1 + top // stride**level
+
+
+def _named_dim(shape_env, expr) -> bool:
+    """Whether the symbolic size `expr` comes from a named `torch.export.Dim` (its range is the user's, strict), not
+    from `Dim.DYNAMIC` / `Dim.AUTO` or `torch.compile` (a range torch narrows by itself). Export records the name of
+    every named Dim's source in `shape_env.source_name_to_debug_name`; False where that record is absent."""
+    names = getattr(shape_env, "source_name_to_debug_name", {})
+    for symbol in getattr(expr, "free_symbols", ()):
+        for source in getattr(shape_env, "var_to_sources", {}).get(symbol, ()):
+            name = source.name() if callable(source.name) else source.name
+            if name in names:
+                return True
+    return False
+
+
+def export_length_range(
+    T: int | torch.SymInt,  # a length: a Python int (eager) or symbolic (torch.export, torch.compile)
+) -> tuple[int, float] | None:  # (min, max) of a named Dim's range; None for an int or an unnamed dynamic length
+    """The range `(min, max)` (max `math.inf` when unbounded) that a symbolic length `T` ranges over when it is a
+    named `torch.export.Dim("T", min=..., max=...)`, or None when `T` is a Python int (eager mode) or an unnamed
+    dynamic size (`Dim.DYNAMIC`, `Dim.AUTO`, `torch.compile(dynamic=True)`), whose range torch narrows itself."""
+    if not isinstance(T, torch.SymInt):
+        return None
+    node = T.node
+    if not _named_dim(node.shape_env, node.expr):
+        return None
+    vr = node.shape_env.bound_sympy(node.expr)
+    return int(vr.lower), (math.inf if math.isinf(float(vr.upper)) else int(vr.upper))  # int_oo: float inf
+
+
+def check_export_length(
+    T: int | torch.SymInt,  # the input length (symbolic under torch.export)
+    n_levels: int,  # levels L
+    stride: int,  # stride s
+    what: str = "an HKT layer",  # what is exported, for the message
+) -> None:
+    r"""Under `torch.export` with an explicit `Dim` range for T, raise a `ValueError` naming the valid ranges when
+    the range reaches $T \le s^{L-1}$ (a level of one token there, which export specialises: no single program
+    covers both sides), before torch's own guards fire. Does nothing in eager mode, for $L = 1$, or for torch's
+    default range (`Dim.DYNAMIC`: the guards then narrow the program to $T > s^{L-1}$)."""
+    found = export_length_range(T)
+    top = stride ** (n_levels - 1)
+    if found is None or n_levels == 1 or found[0] > top:
+        return
+    lo, hi = found
+    raise ValueError(f"{what} (n_levels={n_levels}, stride={stride}) exports for lengths T > stride^(n_levels-1) = "
+                     f"{top} only, but the Dim of T ranges over [{lo}, {hi}]: at T <= {top} a level has one token, "
+                     f"which torch.export specialises. Export with Dim(\"T\", min={top + 1}"
+                     + (f", max={hi})" if hi != math.inf else ")") + f", and run T <= {top} in eager mode "
+                     "or export it apart with static shapes")
+
+
 def pad_to_stride(
     x: torch.Tensor,  # (B, T, D) one level
     key_padding_mask: torch.Tensor,  # (B, T) bool, True = padding
     stride: int,  # stride s >= 2
+    length: int | torch.SymInt | None = None,  # the padded length, s ceil(T/s) (None: computed from T)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (B, s ceil(T/s), D) and (B, s ceil(T/s))
     r"""x right-padded with zeros to $s \lceil T/s \rceil$ positions (at most $s - 1$ more), and the mask with
-    `True` there (internal padding is padding). The amount is an expression in T (no Python branch), written
-    so that a symbolic T of `torch.export` simplifies: the step then has exactly $\lceil T/s \rceil$ tokens."""
-    extra = (x.shape[1] + stride - 1) // stride * stride - x.shape[1]
+    `True` there (internal padding is padding). The amount is an expression in T (no Python branch), so that a
+    symbolic T of `torch.export` simplifies: the step then has exactly $\lceil T/s \rceil$ tokens. `Pyramid`
+    passes `length` as $s T_{l+1}$ from `level_length`, the form export can reason about."""
+    if length is None:
+        length = (x.shape[1] + stride - 1) // stride * stride
+    extra = length - x.shape[1]
     return F.pad(x, (0, 0, 0, extra)), F.pad(key_padding_mask, (0, extra), value=True)
 
 
@@ -105,11 +177,12 @@ step (`pad_to_stride`), so level $l$ costs $O(T_l)$ whatever `n_levels` is (chap
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None):
         B, T, _ = x.shape
+        check_export_length(T, self.n_levels, self.stride)
         pad = torch.zeros(B, T, dtype=torch.bool, device=x.device) if key_padding_mask is None else key_padding_mask
         h = x.masked_fill(pad[..., None], 0.0)
         levels, masks = [h], [pad]
-        for down in self.down:
-            h, pad = pad_to_stride(h, pad, self.stride)  # T_l -> s T_{l+1}: at most s - 1 positions more
+        for l, down in enumerate(self.down):  # T_l -> s T_{l+1}: at most s - 1 positions more
+            h, pad = pad_to_stride(h, pad, self.stride, self.stride * level_length(T, l + 1, self.stride, self.n_levels))
             h, pad = down(h), coarsen_padding_mask(pad, self.stride)
             levels.append(h.masked_fill(pad[..., None], 0.0))
             masks.append(pad)

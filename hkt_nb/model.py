@@ -16,6 +16,7 @@ from torch import nn
 
 from ._checks import check_bool, check_choice, check_heads, check_int, check_probability
 from .attention import HierarchicalAttention, MultiHeadAttention, add_to_class, can_check_values
+from .downsampling import export_length_range
 from .pretrained import PretrainedMixin
 
 # %% auto #0
@@ -316,7 +317,9 @@ def check_input_ids(
     """Check the classifier's input: an int64 or int32 tensor (B, T) with 1 <= T <= max_len and ids in
     [0, vocab_size). The value check (ids in range) runs in eager mode only: it is skipped under `torch.compile`,
     `torch.export`, `torch.jit.trace` and `torch.func.vmap` (`can_check_values`: no host sync, no branch on data).
-    Raises `TypeError` (dtype) or `ValueError` (shape, length, ids); the message starts with `input_ids`."""
+    Under `torch.export` with a `Dim` range for T that goes past max_len, a `ValueError` names the valid range
+    before torch's guards fire. Raises `TypeError` (dtype) or `ValueError` (shape, length, ids, export range); the
+    message starts with `input_ids`."""
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids must be an int64 or int32 tensor (B, T) of token ids, got {type(input_ids).__name__}")
     if input_ids.dtype not in (torch.int64, torch.int32):
@@ -324,6 +327,10 @@ def check_input_ids(
                         "convert with input_ids.long()")
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids must have shape (B, T) with T >= 1, got {tuple(input_ids.shape)}")
+    exported = export_length_range(input_ids.shape[1])  # (min, max) of a torch.export Dim; None in eager mode
+    if exported is not None and exported[1] > max_len:
+        raise ValueError(f"input_ids: the Dim of its length T ranges over [{exported[0]}, {exported[1]}], past "
+                         f"max_len={max_len}: export with Dim(\"T\", min={exported[0]}, max={max_len}) or less")
     if input_ids.shape[1] > max_len:
         raise ValueError(f"input_ids has length {input_ids.shape[1]}, more than max_len={max_len}")
     if not can_check_values(input_ids):  # value checks (host syncs, graph breaks) in eager mode only

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
@@ -16,9 +17,9 @@ from typing import get_type_hints
 import torch
 
 # %% auto #0
-__all__ = ['CONFIG_NAME', 'WEIGHTS_NAME', 'CARD_NAME', 'PAPER_URL', 'REPO_URL', 'HUB_EXTRA', 'ATTENTION_NAMES', 'config_to_dict',
-           'config_from_dict', 'read_config', 'tied_parameters', 'save_weights', 'load_weights', 'model_card',
-           'pretrained_files', 'PretrainedMixin']
+__all__ = ['CONFIG_NAME', 'WEIGHTS_NAME', 'CARD_NAME', 'PAPER_URL', 'REPO_URL', 'HUB_EXTRA', 'FILES_KEY', 'ATTENTION_NAMES',
+           'config_to_dict', 'config_from_dict', 'read_config', 'save_weights', 'weights_header', 'header_problems',
+           'load_weights', 'model_card', 'pretrained_files', 'PretrainedMixin']
 
 # %% ../nbs/03a_pretrained.ipynb #5b274d5c
 CONFIG_NAME = "config.json"  # the model's configuration (huggingface_hub.constants.CONFIG_NAME)
@@ -70,89 +71,174 @@ def config_from_dict(config_class, data: dict):
     return config_class(**data)
 
 
-def read_config(path: str | os.PathLike, config_class):
-    """The config stored as JSON in `path` (a pretrained folder's config.json). Raises `FileNotFoundError`,
-    `ValueError` (not JSON, unknown field, bad value) or `TypeError` (wrong type), each naming the file."""
+def _read_config_json(path: Path) -> dict:
+    "The JSON object of a config.json; `FileNotFoundError` / `ValueError` naming the file."
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: a pretrained folder holds {CONFIG_NAME} and {WEIGHTS_NAME} "
                                 "(save_pretrained writes them)")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{path} is not valid JSON: {error}") from None
+
+
+def _config_from_file(path: Path, data, config_class):
     try:
         return config_from_dict(config_class, data)
     except (TypeError, ValueError) as error:
         raise type(error)(f"{path}: {error}") from None
 
+
+def read_config(path: str | os.PathLike, config_class):
+    """The config stored as JSON in `path` (a pretrained folder's config.json; the `FILES_KEY` record of the weights
+    file, when there is one, is not part of it). Raises `FileNotFoundError`, `ValueError` (not JSON, unknown field,
+    bad value) or `TypeError` (wrong type), each naming the file."""
+    data = _read_config_json(Path(path))
+    if isinstance(data, dict):
+        data = {k: v for k, v in data.items() if k != FILES_KEY}
+    return _config_from_file(Path(path), data, config_class)
+
+
 # %% ../nbs/03a_pretrained.ipynb #3ef7d764
+#: the entry of config.json that records the weights file save_pretrained wrote with it (older folders lack it)
+FILES_KEY = "_files"
+
+
+def _after_save_step(step: str) -> None:
+    "Called by `save_pretrained` after each write step (a hook for the tests that kill a save at every step)."
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_synced(path: str, write) -> None:
+    "Write a file through `write(path)`, give it a plain new file's permissions and flush it to the disk."
+    write(path)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)  # the permissions of a plain new file (some writers create 0600 files)
+    with open(path, "rb") as file:
+        os.fsync(file.fileno())
+
+
 def _replace_atomically(path: Path, write) -> None:
     "Write a file through `write(tmp_path)` into the same folder, then move it over `path` (no half-written file)."
     tmp = str(path.with_name(f".{path.name}.{os.getpid()}.tmp"))
     try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # the permissions of a plain new file (some writers create 0600 files)
+        _write_synced(tmp, write)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
-def tied_parameters(model: torch.nn.Module) -> dict[str, str]:
-    """{name: the first name of the same parameter} for every tied parameter of `model` after its first name (a
-    language model's output head tied to its token embedding: {"head.weight": "tok_emb.weight"}); {} without ties."""
-    first, tied = {}, {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in first:
-            tied[name] = first[id(p)]
+def _unique_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state_dict of `model` with each tied tensor once (under its first name): safetensors refuses tensors that
+    share memory, and `load_weights` restores the ties from the model (a language model's tied head)."""
+    seen, state = set(), {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            state[name] = tensor.detach().cpu().contiguous()
+    return state
+
+
+def _aliases(model: torch.nn.Module) -> dict[str, str]:
+    "name -> the first name of the same tensor, for every tied entry of the state_dict after its first."
+    first, aliases = {}, {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in first:
+            aliases[name] = first[id(tensor)]
         else:
-            first[id(p)] = name
-    return tied
+            first[id(tensor)] = name
+    return aliases
 
 
 def save_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
     """The `state_dict` of `model` as a safetensors file `path` (tensor names = parameter names, moved to the CPU,
-    metadata {"format": "pt"} as huggingface_hub writes). A tied parameter is stored once, under its first name
-    (`tied_parameters`; safetensors refuses tensors that share memory)."""
+    each tied tensor once, metadata {"format": "pt"} as huggingface_hub writes), written next to `path` and moved
+    over it."""
     st = _safetensors_torch()
-    tied = tied_parameters(model)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k not in tied}
+    tensors = _unique_state(model)
     _replace_atomically(Path(path), lambda tmp: st.save_file(tensors, tmp, metadata={"format": "pt"}))
 
 
-def load_weights(model: torch.nn.Module, path: str | os.PathLike) -> torch.nn.Module:
-    """Load the safetensors file `path` into `model` (on the CPU), after checking that it holds exactly the
-    model's tensors with their dtypes and shapes. Only the header (JSON) is parsed and tensor bytes are copied:
-    no code from the file runs. Raises `FileNotFoundError`, or `ValueError` naming the file for an unreadable
-    file, a missing or extra tensor, a wrong dtype or shape. (safetensors stores no checksum: flipped bits inside
-    the tensor data cannot be detected.)"""
+def weights_header(path: str | os.PathLike) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """{tensor name: (dtype, shape)} of the safetensors file `path`, read from its header alone (no tensor is
+    loaded). Raises `FileNotFoundError`, or `ValueError` naming the file when it is not a readable safetensors file."""
     _safetensors_torch()
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: a pretrained folder holds {CONFIG_NAME} and {WEIGHTS_NAME}")
     from safetensors import SafetensorError, safe_open
-    tied = tied_parameters(model)  # stored once, under the first name
-    expected = {k: v for k, v in model.state_dict().items() if k not in tied}
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
-            stored = set(f.keys())
-            missing, extra = sorted(set(expected) - stored), sorted(stored - set(expected))
-            if missing or extra:
-                raise ValueError(f"{path} does not hold this model's tensors: missing {missing}, unexpected {extra}")
-            tensors = {name: f.get_tensor(name) for name in expected}
+            return {name: (_DTYPES.get(f.get_slice(name).get_dtype()), tuple(f.get_slice(name).get_shape()))
+                    for name in f.keys()}
     except SafetensorError as error:
         raise ValueError(f"{path} is not a readable safetensors file: {error}") from None
-    for name, tensor in tensors.items():
+
+
+#: safetensors' dtype names -> torch dtypes
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+
+
+def _name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def header_problems(model: torch.nn.Module, header: dict, any_floating: bool = False) -> list[str]:
+    """What keeps the tensors of `header` (`weights_header`) from loading into `model`: missing or extra tensors (a
+    tied tensor may be stored once), a wrong shape, a wrong dtype (with `any_floating`, a floating tensor may be stored
+    in any floating dtype). Empty when they fit."""
+    expected, aliases = model.state_dict(), _aliases(model)
+    stored = set(header)
+    missing = sorted(n for n in set(expected) - stored if aliases.get(n) not in stored)
+    extra = sorted(stored - set(expected))
+    if missing or extra:
+        return [f"does not hold this model's tensors: missing {missing}, unexpected {extra}"]
+    problems = []
+    for name in sorted(stored):
+        dtype, shape = header[name]
         want = expected[name]
-        if tensor.dtype != want.dtype or tensor.shape != want.shape:
-            raise ValueError(f"{path}: tensor {name!r} is {str(tensor.dtype).replace('torch.', '')} "
-                             f"{tuple(tensor.shape)}, the model expects {str(want.dtype).replace('torch.', '')} "
-                             f"{tuple(want.shape)}")
-    model.load_state_dict({**tensors, **{name: tensors[first] for name, first in tied.items()}}, strict=True)
+        floating = dtype is not None and dtype.is_floating_point and want.is_floating_point
+        if tuple(want.shape) != shape or (dtype != want.dtype and not (floating and any_floating)):
+            problems.append(f"tensor {name!r} is {_name(dtype)} {shape}, the model expects {_name(want.dtype)} "
+                            f"{tuple(want.shape)}")
+    return problems
+
+
+def load_weights(model: torch.nn.Module, path: str | os.PathLike, *,
+                 torch_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """Load the safetensors file `path` into `model` (on the CPU), after checking from its header that it holds
+    exactly the model's tensors (each tied tensor at least once) with their shapes and dtypes; with `torch_dtype`,
+    floating tensors stored in another floating dtype are cast to it (the model must be in that dtype). Only the
+    header (JSON) is parsed and tensor bytes are copied: no code from the file runs. Raises `FileNotFoundError`,
+    or `ValueError` naming the file for an unreadable file, a missing or extra tensor, a wrong dtype or shape."""
+    path = Path(path)
+    header = weights_header(path)
+    problems = header_problems(model, header, any_floating=torch_dtype is not None)
+    if problems:
+        raise ValueError(f"{path}: " + "; ".join(problems))
+    from safetensors import safe_open
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        tensors = {name: f.get_tensor(name) for name in header}
+    if torch_dtype is not None:
+        tensors = {k: v.to(torch_dtype) if v.is_floating_point() else v for k, v in tensors.items()}
+    for name, first in _aliases(model).items():
+        tensors.setdefault(name, tensors[first])
+    model.load_state_dict(tensors, strict=True)
     return model
+
 
 # %% ../nbs/03a_pretrained.ipynb #5265da17
 #: how the card names each attention variant (others by their registered name)
@@ -249,14 +335,48 @@ def pretrained_files(source: str | os.PathLike, revision: str | None = None, **h
                                 f"{WEIGHTS_NAME}) nor a Hub repository id of the form 'user/name'")
     hub = _hub(f"{source!r} is not a local folder; loading it from the Hugging Face Hub")
     from huggingface_hub.errors import EntryNotFoundError
+    local = f"to load a local folder instead, pass its path (from_pretrained('path/to/folder'), a folder with {CONFIG_NAME} " \
+            f"and {WEIGHTS_NAME}); there is no folder {source!r} in {Path.cwd()}"
+    from huggingface_hub import constants
+    offline = constants.HF_HUB_OFFLINE or hub_kwargs.get("local_files_only")
+    if not offline and not _hub_reachable(constants.ENDPOINT):  # huggingface_hub would retry for ~25 s
+        hub_kwargs, offline = {**hub_kwargs, "local_files_only": True}, "unreachable"
     files = {}
     for name in (CONFIG_NAME, WEIGHTS_NAME):
         try:
             files[name] = Path(hub.hf_hub_download(str(source), name, revision=revision, **hub_kwargs))
         except (OSError, EntryNotFoundError) as error:
+            why = {"unreachable": f"the Hub ({constants.ENDPOINT}) cannot be reached and it is not in the Hub cache",
+                   None: f"{type(error).__name__}: {error}", False: f"{type(error).__name__}: {error}"}.get(
+                offline, "offline (HF_HUB_OFFLINE=1 or local_files_only) and not in the Hub cache")
             raise FileNotFoundError(f"{name} of the Hub repository {source!r} (revision {revision or 'main'}) is not "
-                                    f"available ({type(error).__name__}: {error}); no local folder {source!r} either") from None
+                                    f"available ({why}); {local}") from None
     return files
+
+
+def _hub_reachable(endpoint: str, timeout: float = 2.0) -> bool:
+    """Whether a TCP connection to the Hub's `endpoint` opens within `timeout` seconds (name lookup included, in a
+    thread so that a hanging lookup cannot hold the caller); True when a proxy is configured (the proxy decides)."""
+    import socket
+    import threading
+    import urllib.parse
+    import urllib.request
+    url = urllib.parse.urlsplit(endpoint)
+    if urllib.request.getproxies().get(url.scheme):
+        return True
+    result = []
+
+    def connect():
+        try:
+            with socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout):
+                result.append(True)
+        except Exception:  # noqa: BLE001 (any failure: not reachable)
+            result.append(False)
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    thread.join(timeout + 0.5)
+    return bool(result and result[0])
 
 # %% ../nbs/03a_pretrained.ipynb #4e1ebb69
 class PretrainedMixin:
@@ -287,9 +407,13 @@ class PretrainedMixin:
         record: dict | str | os.PathLike | None = None,  # the run's results JSON (dict or path) for the model card
         repo_id: str | None = None,  # the Hub id the card's loading example names
     ) -> Path:  # the folder
-        """Write the model as `folder/config.json` (`cfg.to_dict()`, sorted keys, indent 2), `folder/model.safetensors`
-        (the state_dict) and `folder/README.md` (`model_card`). Raises `ValueError` when `record` describes a
-        model of another configuration."""
+        """Write the model as `folder/config.json` (`cfg.to_dict()` and, under `FILES_KEY`, the size and sha256 of the
+        weights file; sorted keys, indent 2), `folder/model.safetensors` (the state_dict, in the parameters' dtypes)
+        and `folder/README.md` (`model_card`). Every file is written under a temporary name first; then the old
+        config.json is removed, the weights and the card are moved into place, and the new config.json last. A save
+        killed at any step leaves the old model, the new one, or a folder without config.json, which
+        `from_pretrained` refuses naming what is missing; never the config of one model with the weights of another.
+        Raises `ValueError` when `record` describes a model of another configuration."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         record, config = _read_record(record), config_to_dict(self.cfg)
@@ -297,12 +421,38 @@ class PretrainedMixin:
             recorded = config_to_dict(config_from_dict(self._config_class(), record["config"]["model"]))
             if recorded != config:
                 raise ValueError(f"record {record.get('run', '')!r} is of a model with config {recorded}, not {config}")
-        save_weights(self, folder / WEIGHTS_NAME)
-        text = json.dumps(config, sort_keys=True, indent=2)
-        _replace_atomically(folder / CONFIG_NAME, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+        st = _safetensors_torch()
+        tensors = _unique_state(self)
         n_params = sum(p.numel() for p in self.parameters() if p.requires_grad)
         card = self.card_text(record, repo_id, n_params)
-        _replace_atomically(folder / CARD_NAME, lambda tmp: Path(tmp).write_text(card, encoding="utf-8"))
+        names = (WEIGHTS_NAME, CARD_NAME, CONFIG_NAME)
+        for stale in folder.glob(".*.tmp"):  # left by a save that was killed (two saves at once are not supported)
+            if stale.name.split(".")[1] in {n.split(".")[0] for n in names}:
+                stale.unlink(missing_ok=True)
+        tmp = {name: folder / f".{name}.{os.getpid()}.tmp" for name in names}
+        try:
+            _write_synced(str(tmp[WEIGHTS_NAME]), lambda p: st.save_file(tensors, p, metadata={"format": "pt"}))
+            _after_save_step("weights written")
+            _write_synced(str(tmp[CARD_NAME]), lambda p: Path(p).write_text(card, encoding="utf-8"))
+            _after_save_step("card written")
+            saved = {WEIGHTS_NAME: {"bytes": tmp[WEIGHTS_NAME].stat().st_size, "sha256": _sha256(tmp[WEIGHTS_NAME])}}
+            text = json.dumps({**config, FILES_KEY: saved}, sort_keys=True, indent=2)
+            _write_synced(str(tmp[CONFIG_NAME]), lambda p: Path(p).write_text(text, encoding="utf-8"))
+            _after_save_step("config written")
+            (folder / CONFIG_NAME).unlink(missing_ok=True)  # from here until the last step: no config, no model
+            _after_save_step("old config removed")
+            for name in names:  # the config last: it commits the save
+                os.replace(tmp[name], folder / name)
+                _after_save_step(f"{name} in place")
+            if hasattr(os, "O_DIRECTORY"):
+                fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        finally:
+            for path in tmp.values():
+                path.unlink(missing_ok=True)
         return folder
 
     @classmethod
@@ -312,16 +462,53 @@ class PretrainedMixin:
         revision: str | None = None,  # Hub branch, tag or commit (None: "main"); only with a repo id
         *,
         map_location: str | torch.device = "cpu",  # where the loaded model goes
+        torch_dtype: torch.dtype | str | None = None,  # None or "auto": the stored dtype; else the floating dtype to cast to
         **hub_kwargs,  # cache_dir, local_files_only, token: passed to huggingface_hub.hf_hub_download
     ):
-        """The model saved by `save_pretrained` in a folder or a Hub repository, in eval mode. Reads config.json
-        with `json` and model.safetensors with safetensors only: nothing in the files is executed. Errors name the
-        file: `FileNotFoundError` (missing file or folder), `ValueError` (invalid JSON, unknown config field, a
-        missing or extra tensor, wrong dtype or shape, unreadable safetensors), `ImportError` naming the `[hub]`
-        extra for a repo id without huggingface_hub."""
+        """The model saved by `save_pretrained` in a folder or a Hub repository, in eval mode, in the dtype its
+        weights were stored in (float32, float64, bfloat16, float16), or cast to `torch_dtype` (as in transformers'
+        `from_pretrained(..., torch_dtype=...)`). Reads config.json with `json` and model.safetensors with
+        safetensors only: nothing in the files is executed. Before anything is built, the weights file is checked
+        against the size and sha256 config.json recorded (folders saved before that record are not), and its header
+        (names, shapes, dtypes, read without loading a tensor) bounds the model: a config that needs more numbers
+        than the file holds fails at once, naming the config's suspect fields. Errors name the file:
+        `FileNotFoundError` (missing file or folder, an incomplete folder), `ValueError` (invalid JSON, unknown
+        config field, weights of another save, a missing or extra tensor, wrong dtype or shape, unreadable
+        safetensors), `ImportError` naming the `[hub]` extra for a repo id without huggingface_hub."""
+        if isinstance(torch_dtype, str) and torch_dtype != "auto":
+            named = getattr(torch, torch_dtype, None)
+            if not isinstance(named, torch.dtype):
+                raise ValueError(f"torch_dtype must be None, 'auto', a floating torch.dtype or its name ('bfloat16'), "
+                                 f"got {torch_dtype!r}")
+            torch_dtype = named
+        torch_dtype = None if torch_dtype == "auto" else torch_dtype
+        if torch_dtype is not None and not (isinstance(torch_dtype, torch.dtype) and torch_dtype.is_floating_point):
+            raise ValueError(f"torch_dtype must be a floating torch.dtype (torch.bfloat16, ...), got {torch_dtype!r}")
         files = pretrained_files(folder_or_repo_id, revision, **hub_kwargs)
-        cfg = read_config(files[CONFIG_NAME], cls._config_class())
-        model = load_weights(cls(cfg), files[WEIGHTS_NAME])
+        config_path, weights_path = files[CONFIG_NAME], files[WEIGHTS_NAME]
+        if not config_path.is_file() and weights_path.is_file():
+            leftovers = sorted(p.name for p in config_path.parent.glob(".*.tmp"))
+            raise FileNotFoundError(f"{config_path} not found, but {weights_path.name} is there: the folder is incomplete "
+                                    "(an interrupted save_pretrained or copy"
+                                    + (f"; it left {leftovers}" if leftovers else "") + "): save the model again")
+        data = _read_config_json(config_path)
+        _check_saved_files(data.pop(FILES_KEY, None), config_path, weights_path)
+        cfg = _config_from_file(config_path, data, cls._config_class())
+        header = weights_header(weights_path)
+        model = _build_within(cls, cfg, header, config_path, weights_path)
+        problems = header_problems(model, header, any_floating=True)
+        if problems:
+            suspects = _suspects(config_to_dict(cfg), header)
+            raise ValueError(f"{weights_path}: " + "; ".join(problems)
+                             + (f" (values of {config_path.name} that no stored shape shows: {suspects})" if suspects else ""))
+        stored = {name: dtype for name, (dtype, _) in header.items()}
+        aliases = _aliases(model)
+        with torch.no_grad():
+            for name, tensor in model.state_dict(keep_vars=True).items():
+                want = torch_dtype or stored.get(name, stored.get(aliases.get(name)))
+                if tensor.is_floating_point() and want is not None and tensor.dtype != want:
+                    tensor.data = tensor.data.to(want)
+        model = load_weights(model, weights_path, torch_dtype=torch_dtype)
         return model.to(map_location).eval()
 
     def push_to_hub(
@@ -343,3 +530,103 @@ class PretrainedMixin:
             self.save_pretrained(tmp, record=record, repo_id=repo_id)
             return str(api.upload_folder(repo_id=repo_id, folder_path=tmp, commit_message=commit_message,
                                          revision=branch))
+
+# %% ../nbs/03a_pretrained.ipynb #b1d9e7c2
+class _OverBudget(Exception):
+    "Raised inside a budgeted build when the model would need more numbers than its weights file holds."
+
+
+class _BuildBudget(torch.overrides.TorchFunctionMode):
+    """Counts the elements of every tensor that torch's factory functions create while a model is built, and stops
+    the build (before the allocation) once they pass `budget`: a config that does not describe its weights file
+    fails at once, without the memory or the minutes its sizes would need."""
+    FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn, torch.randint,
+                 torch.eye, torch.empty_strided}
+
+    def __init__(self, budget: int):
+        super().__init__()
+        self.budget, self.used = budget, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.FACTORIES:
+            size = kwargs.get("size", args[0] if args and not isinstance(args[0], int) else args)
+            if func is torch.full:
+                size = args[0] if args else kwargs.get("size")
+            try:
+                numel = math.prod(int(n) for n in (size if isinstance(size, (tuple, list, torch.Size)) else [size]))
+            except (TypeError, ValueError):
+                numel = 0
+            self.used += numel
+            if self.used > self.budget:
+                raise _OverBudget(tuple(int(n) for n in (size if isinstance(size, (tuple, list, torch.Size)) else [size])))
+        return func(*args, **kwargs)
+
+
+def _config_ints(data: dict, prefix: str = "") -> dict[str, int]:
+    "{field: value} of every integer in a config dict (nested dicts as 'outer.inner'), booleans excluded."
+    found = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            found.update(_config_ints(value, f"{prefix}{key}."))
+        elif isinstance(value, int) and not isinstance(value, bool):
+            found[f"{prefix}{key}"] = value
+    return found
+
+
+def _shown_numbers(header: dict) -> set[int]:
+    "Every number the weights file shows: each tensor dimension, and the count of numbered submodules per prefix."
+    numbers, indices = set(), {}
+    for name, (_, shape) in header.items():
+        numbers.update(shape)
+        parts = name.split(".")
+        for i, part in enumerate(parts):
+            if part.isdigit():
+                indices.setdefault(".".join(parts[:i]), set()).add(int(part))
+    numbers.update(len(v) for v in indices.values())
+    return numbers
+
+
+def _suspects(config: dict, header: dict, shape: tuple | None = None) -> str:
+    "The config's values that no shape of the weights file shows (those in `shape` first), as 'field = value'."
+    shown = _shown_numbers(header)
+    values = _config_ints(config)
+    named = [k for k, v in values.items() if shape and v in shape and v not in shown]
+    named += [k for k, v in values.items() if v > 1 and v not in shown and k not in named]
+    return ", ".join(f"{k} = {values[k]:,}" for k in named)
+
+
+def _build_within(cls, cfg, header: dict, config_path: Path, weights_path: Path):
+    """`cls(cfg)` built under a budget of twice the elements of the weights file (plus 2^16 for small buffers and
+    temporaries); `ValueError` naming the config's suspect fields when the config needs more."""
+    stored = sum(math.prod(shape) for _, shape in header.values())
+    budget = _BuildBudget(2 * stored + (1 << 16))
+    try:
+        with budget:
+            return cls(cfg)
+    except _OverBudget as error:
+        shape = error.args[0]
+        config = config_to_dict(cfg)
+        raise ValueError(f"{config_path} describes a model larger than {weights_path} holds ({stored:,} numbers): "
+                         f"building it reached a tensor of shape {shape} after {budget.used - math.prod(shape):,} "
+                         f"numbers. Values of the config that no stored shape shows: "
+                         f"{_suspects(config, header, shape) or 'none'}. The config and the weights do not belong "
+                         "together: save the model again with save_pretrained") from None
+
+
+def _check_saved_files(record, config_path: Path, weights_path: Path) -> None:
+    """Check `weights_path` against the size and sha256 that config.json recorded when `save_pretrained` wrote both
+    (`FILES_KEY`); folders written before the record are not checked. `ValueError` naming what does not match."""
+    if record is None:
+        return
+    entry = record.get(WEIGHTS_NAME) if isinstance(record, dict) else None
+    if not isinstance(entry, dict) or "sha256" not in entry:
+        raise ValueError(f"{config_path}: its {FILES_KEY!r} entry is damaged (no sha256 of {WEIGHTS_NAME})")
+    size = weights_path.stat().st_size
+    if size != entry.get("bytes", size) or _sha256(weights_path) != entry["sha256"]:
+        raise ValueError(f"{weights_path} is not the weights file {config_path} was saved with (recorded "
+                         f"{entry.get('bytes', '?'):,} bytes, sha256 {entry['sha256'][:12]}...; found {size:,} bytes"
+                         f"{'' if size != entry.get('bytes', size) else ', another sha256'}): the folder is incomplete "
+                         "or mixes two saves (an interrupted save_pretrained or copy, or weights edited by hand). "
+                         "Save the model again with save_pretrained")
+

@@ -10,7 +10,7 @@ from hkt_nb.attention import HierarchicalAttention, MultiHeadAttention, can_chec
 from hkt_nb.model import ClassifierConfig, HKTClassifier
 
 f64 = torch.float64
-DYNAMIC = torch.export.Dim.DYNAMIC  # a named Dim("T") cannot be proved for the coarse lengths ceil(T / s^l)
+DYNAMIC = torch.export.Dim.DYNAMIC  # torch narrows the range itself; named Dim ranges are tested below (issue 35)
 
 
 def right_padded(B, T, lengths, dtype=f64):
@@ -126,3 +126,137 @@ def test_value_checks_run_in_eager_mode_only():
     layer = HierarchicalAttention(16, 4)  # eager: a left-padded mask is refused with its reason
     with pytest.raises(ValueError, match="right padding"):
         layer(torch.randn(1, 4, 16), torch.tensor([[True, False, False, False]]))
+
+
+# --- export over an explicit Dim range (issue 35, item 5) -------------------------------------------------------
+
+def export_range(module, args, lo, hi):
+    "`module` exported with the length axis (dim 1) of every argument one named `Dim('T', min=lo, max=hi)`."
+    T = torch.export.Dim("T", min=lo, max=hi)
+    return torch.export.export(module, args, dynamic_shapes=tuple({1: T} for _ in args)).module()
+
+
+def three_lengths(lo, hi):
+    "The ends and the middle of the range [lo, hi]."
+    return lo, (lo + hi) // 2, hi
+
+
+def check_layer_over_range(layer, lo, hi, masked=True):
+    "Export `layer` over [lo, hi] and compare the program with eager at three lengths inside the range."
+    def args(T):
+        x, mask = right_padded(2, T, [T, max(T - 3, 1)])
+        return (x, mask) if masked else (x,)
+    program = export_range(layer, args((lo + hi) // 2), lo, hi)
+    for T in three_lengths(lo, hi):
+        inputs = args(T)
+        torch.testing.assert_close(program(*inputs), layer(*inputs), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("level_count,stride", [(3, 2), (2, 3), (4, 2), (3, 3), (1, 2)])
+def test_level_length_is_the_ceiling_at_every_length(level_count, stride):
+    "The export-friendly form of T_l is ceil(T / s^l) for every T, on both sides of s^(L-1), and `level_lengths`."
+    from hkt_nb.downsampling import level_length, level_lengths
+    for T in range(1, 300):
+        got = [level_length(T, l, stride, level_count) for l in range(level_count)]
+        assert got == [-(-T // stride**l) for l in range(level_count)] == level_lengths(T, level_count, stride)
+
+
+def test_exported_layer_over_the_issue_s_first_range_equals_eager(one_thread):
+    "Dim('T', min=5, max=64): the range of issue 35 that failed with `(2 % (2*((1 + T) // 2))) != 0`."
+    check_layer_over_range(HierarchicalAttention(16, 4, n_levels=3).double().eval(), 5, 64)
+
+
+LAYER_RANGES = [  # (n_levels, stride, causal, kernel_size, min, max): min > stride^(n_levels-1)
+    *[(3, 2, False, None, lo, 64) for lo in (7, 8, 9, 10, 17)],
+    (3, 2, True, None, 5, 64), (3, 2, False, 3, 6, 33), (2, 3, False, None, 4, 50), (2, 3, True, 4, 5, 29),
+    (4, 2, False, None, 9, 70), (3, 3, True, None, 10, 40), (3, 2, False, None, 23, 200),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n_levels,stride,causal,kernel_size,lo,hi", LAYER_RANGES)
+def test_exported_layer_over_a_range_equals_eager(n_levels, stride, causal, kernel_size, lo, hi, randomise, one_thread):
+    layer = HierarchicalAttention(16, 4, n_levels=n_levels, stride=stride, causal=causal, kernel_size=kernel_size)
+    check_layer_over_range(randomise(layer).double().eval(), lo, hi)
+
+
+@pytest.mark.slow
+def test_exported_layer_without_a_mask_over_a_range_equals_eager(randomise, one_thread):
+    check_layer_over_range(randomise(HierarchicalAttention(16, 4, n_levels=3)).double().eval(), 7, 40, masked=False)
+
+
+@pytest.mark.parametrize("n_levels,stride,lo,hi", [(3, 2, 2, 64), (3, 2, 3, 64), (3, 2, 4, 64), (2, 3, 3, 30),
+                                                   (2, 3, 2, 9), (4, 2, 8, 64), (3, 3, 9, 20)])
+def test_a_range_reaching_a_one_token_level_is_a_clear_error(n_levels, stride, lo, hi, one_thread):
+    "min <= s^(L-1): a ValueError names the valid range (min = s^(L-1) + 1) before torch's guards fire."
+    import time
+    layer = HierarchicalAttention(16, 4, n_levels=n_levels, stride=stride).double().eval()
+    top = stride ** (n_levels - 1)
+    start = time.perf_counter()
+    with pytest.raises(ValueError) as info:
+        export_range(layer, right_padded(2, max(lo, 2), [max(lo, 2), 1]), lo, hi)
+    message = str(info.value)
+    assert f"ranges over [{lo}, {hi}]" in message and f'Dim("T", min={top + 1}, max={hi})' in message, message
+    assert f"T > stride^(n_levels-1) = {top}" in message, message
+    assert time.perf_counter() - start < 30  # raised at the first step, not after torch's solver
+
+
+@pytest.mark.parametrize("lo,hi", [(2, 64), (3, 17), (5, 64), (17, 64)])
+def test_exported_mha_over_a_range_equals_eager(lo, hi, randomised_mha, one_thread):
+    "Standard attention has no levels: every range of lengths >= 2 exports."
+    layer = MultiHeadAttention(16, 4).double().eval()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    check_layer_over_range(layer, lo, hi)
+
+
+def classifier(attention="hkt"):
+    cfg = ClassifierConfig(vocab_size=11, n_classes=3, max_len=64, d_model=16, n_heads=4, n_layers=2, attention=attention)
+    return HKTClassifier(cfg).double().eval()
+
+
+def check_classifier_over_range(model, lo, hi):
+    def args(T):
+        return torch.randint(0, 11, (2, T)), torch.arange(T)[None] >= torch.tensor([[T], [max(T - 4, 1)]])
+    program = export_range(model, args((lo + hi) // 2), lo, hi)
+    for T in three_lengths(lo, hi):
+        inputs = args(T)
+        torch.testing.assert_close(program(*inputs), model(*inputs), rtol=0, atol=1e-12)
+
+
+def test_exported_classifier_over_the_issue_s_range_equals_eager(one_thread):
+    check_classifier_over_range(classifier(), 5, 64)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lo,hi", [(7, 64), (8, 64), (9, 64), (10, 64), (17, 64), (6, 20)])
+def test_exported_classifier_over_a_range_equals_eager(lo, hi, one_thread):
+    check_classifier_over_range(classifier(), lo, hi)
+
+
+@pytest.mark.slow
+def test_exported_mha_classifier_over_a_range_from_two_equals_eager(one_thread):
+    check_classifier_over_range(classifier("mha"), 2, 64)
+
+
+@pytest.mark.parametrize("lo,hi,text", [
+    (2, 64, 'Dim("T", min=5, max=64)'), (4, 30, 'Dim("T", min=5, max=30)'),
+    (5, 100, 'ranges over [5, 100], past max_len=64: export with Dim("T", min=5, max=64)'),
+    (17, 65, "past max_len=64")])
+def test_classifier_range_outside_its_valid_lengths_is_a_clear_error(lo, hi, text, one_thread):
+    model = classifier()
+    ids = torch.randint(0, 11, (2, min(max(lo, 2), 64)))
+    with pytest.raises(ValueError) as info:
+        export_range(model, (ids,), lo, hi)
+    assert text in str(info.value), str(info.value)
+
+
+def test_default_dynamic_range_is_not_refused():
+    "Dim.DYNAMIC (range [2, oo], narrowed by torch itself) passes the check; an int (eager) too."
+    from hkt_nb.downsampling import check_export_length, export_length_range
+    assert export_length_range(7) is None and check_export_length(3, 3, 2) is None
+    layer = HierarchicalAttention(16, 4, n_levels=3).double().eval()
+    program = exported(layer, *right_padded(2, 12, [12, 9])).module()  # Dim.DYNAMIC: a program for T > 4
+    x, mask = right_padded(2, 9, [9, 6])
+    torch.testing.assert_close(program(x, mask), layer(x, mask), rtol=0, atol=1e-12)

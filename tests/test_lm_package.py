@@ -26,6 +26,7 @@ from hkt_nb.lm import (
     train_lm,
     without_timing,
 )
+from hkt_nb.pretrained import read_config
 from hkt_nb.lra.checkpoints import RunLockedError, run_lock
 from hkt_nb.model import ClassifierConfig, HKTClassifier
 
@@ -110,8 +111,11 @@ def test_save_pretrained_then_from_pretrained_gives_identical_logits(tmp_path, a
     folder = model.save_pretrained(tmp_path / "lm", record={"run": "toy", "model": attention, "val_bpb": 5.0,
                                                             "sequence_bpb": [5.0]})
     assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
-    assert LMConfig.from_dict(json.loads((folder / "config.json").read_text())) == cfg
+    assert read_config(folder / "config.json", LMConfig) == cfg  # the config, beside the weights' size and hash
     from safetensors import safe_open
+
+    from hkt_nb.pretrained import FILES_KEY
+    assert FILES_KEY in json.loads((folder / "config.json").read_text())
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
         assert "tok_emb.weight" in f.keys() and "head.weight" not in f.keys()  # the tied head, stored once
     loaded = ByteLM.from_pretrained(folder)

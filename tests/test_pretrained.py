@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hkt_nb.model import ClassifierConfig, HKTClassifier
-from hkt_nb.pretrained import CARD_NAME, CONFIG_NAME, HUB_EXTRA, PAPER_URL, REPO_URL, WEIGHTS_NAME
+from hkt_nb.pretrained import CARD_NAME, CONFIG_NAME, FILES_KEY, HUB_EXTRA, PAPER_URL, REPO_URL, WEIGHTS_NAME
 
 SMALL = dict(vocab_size=11, n_classes=3, max_len=32, d_model=16, n_heads=2, n_layers=1)
 
@@ -73,8 +73,12 @@ def test_files_read_with_safetensors_and_json_alone(saved):
     tensors = load_file(folder / WEIGHTS_NAME)  # safetensors' own loader
     state = model.state_dict()
     assert tensors.keys() == state.keys() and all(torch.equal(tensors[k], state[k]) for k in state)
-    assert json.loads((folder / CONFIG_NAME).read_text()) == model.cfg.to_dict()
-    rebuilt = HKTClassifier(ClassifierConfig(**json.loads((folder / CONFIG_NAME).read_text())))
+    config = json.loads((folder / CONFIG_NAME).read_text())
+    import hashlib
+    assert config.pop(FILES_KEY) == {WEIGHTS_NAME: {"bytes": (folder / WEIGHTS_NAME).stat().st_size,
+                                                    "sha256": hashlib.sha256((folder / WEIGHTS_NAME).read_bytes()).hexdigest()}}
+    assert config == model.cfg.to_dict()
+    rebuilt = HKTClassifier(ClassifierConfig(**config))
     rebuilt.load_state_dict(tensors, strict=True)
     ids, _ = probe(model)
     assert torch.equal(logits(rebuilt.eval(), ids), logits(model, ids))
@@ -94,7 +98,9 @@ def test_layout_is_pytorch_model_hub_mixin_s(saved, tmp_path):
     from safetensors.torch import save_model
 
     model, folder = saved
-    assert (folder / CONFIG_NAME).read_text() == json.dumps(model.cfg.to_dict(), sort_keys=True, indent=2)
+    saved = json.loads((folder / CONFIG_NAME).read_text())
+    expected = {**model.cfg.to_dict(), FILES_KEY: saved[FILES_KEY]}  # plus the record of the weights file
+    assert (folder / CONFIG_NAME).read_text() == json.dumps(expected, sort_keys=True, indent=2)
     save_model(model, str(tmp_path / "mixin.safetensors"))
     (ours, our_data), (theirs, their_data) = header(folder / WEIGHTS_NAME), header(tmp_path / "mixin.safetensors")
     assert ours.pop("__metadata__") == {"format": "pt"}
@@ -180,8 +186,9 @@ def extra_tensor(folder):
 
 
 def wrong_dtype(folder):
+    "An integer tensor where the model has a floating one (a floating tensor in another floating dtype loads)."
     tensors = weights(folder)
-    save_file({**tensors, "head.weight": tensors["head.weight"].double()}, folder / WEIGHTS_NAME)
+    save_file({**tensors, "head.weight": tensors["head.weight"].to(torch.int32)}, folder / WEIGHTS_NAME)
 
 
 def wrong_shape(folder):
@@ -219,7 +226,7 @@ def pickle_as_weights(folder):
 DAMAGES = [  # (edit, exception, file named, text the message holds)
     (drop_tensor, ValueError, WEIGHTS_NAME, "missing ['head.bias']"),
     (extra_tensor, ValueError, WEIGHTS_NAME, "unexpected ['head.scale']"),
-    (wrong_dtype, ValueError, WEIGHTS_NAME, "'head.weight' is float64"),
+    (wrong_dtype, ValueError, WEIGHTS_NAME, "'head.weight' is int32"),
     (wrong_shape, ValueError, WEIGHTS_NAME, "'head.bias' is float32 (4,), the model expects float32 (3,)"),
     (unknown_field, (TypeError, ValueError), CONFIG_NAME, "rope_theta"),
     (bad_value, ValueError, CONFIG_NAME, "n_heads"),
@@ -232,9 +239,18 @@ DAMAGES = [  # (edit, exception, file named, text the message holds)
 ]
 
 
+def drop_files_record(folder):
+    "The folder as save_pretrained wrote it before config.json recorded the weights file (the committed folders)."
+    config = json.loads((folder / CONFIG_NAME).read_text())
+    del config[FILES_KEY]
+    (folder / CONFIG_NAME).write_text(json.dumps(config, sort_keys=True, indent=2))
+
+
 @pytest.mark.parametrize("edit, error, file, text", DAMAGES, ids=[d[0].__name__ for d in DAMAGES])
 def test_damaged_folder_gives_an_error_naming_the_file(saved, edit, error, file, text):
+    "A folder without the record of its weights file (older saves) is checked tensor by tensor from the header."
     _, folder = saved
+    drop_files_record(folder)
     edit(folder)
     with pytest.raises(error) as info:
         HKTClassifier.from_pretrained(folder)
