@@ -25,7 +25,7 @@ def main() -> None:
     import torch
 
     from hkt_nb.lm import LM_PRESETS, default_lm_results_dir, lm_run_name, run_lm
-    from hkt_nb.lra.checkpoints import RunLockedError, run_lock
+    from hkt_nb.train.checkpoints import RunLockedError, run_lock
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="cpu")

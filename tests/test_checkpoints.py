@@ -1,4 +1,4 @@
-"""Tests of hkt_nb.lra.checkpoints: exact resumption (after an interruption and after SIGKILL), a checkpoint of
+"""Tests of hkt_nb.train.checkpoints: exact resumption (after an interruption and after SIGKILL), a checkpoint of
 another configuration or a damaged one refused with a clear message, folders checked before any work."""
 import json
 import os
@@ -11,17 +11,16 @@ import pytest
 import torch
 
 from hkt_nb.lra import loop
-from hkt_nb.lra.checkpoints import (
+from hkt_nb.lra.config import run_name, run_variant
+from hkt_nb.lra.loop import _comparable, train
+from hkt_nb.train.checkpoints import (
     RunLockedError,
-    _comparable,
     atomic_save,
     rng_state,
     run_lock,
     seed_everything,
     set_rng_state,
 )
-from hkt_nb.lra.config import run_name, run_variant
-from hkt_nb.lra.loop import train
 
 QUIET = dict(device="cpu", progress=False, verbose=False)
 TIMING = ("train_time_s", "train_examples_per_s")
@@ -160,7 +159,7 @@ WRITER = """
 import sys, time
 from pathlib import Path
 import torch
-from hkt_nb.lra.checkpoints import atomic_save
+from hkt_nb.train.checkpoints import atomic_save
 k, folder, n = int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 (folder / f"ready{k}").touch()
 while not (folder / "go").exists():
@@ -237,7 +236,7 @@ def test_a_second_live_run_of_the_same_name_is_refused(tmp_path, monkeypatch):
 
 HOLDER = """
 import sys, time
-from hkt_nb.lra.checkpoints import run_lock
+from hkt_nb.train.checkpoints import run_lock
 with run_lock(sys.argv[1], "the run"):
     print("locked", flush=True)
     time.sleep(120)

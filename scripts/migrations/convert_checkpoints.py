@@ -2,8 +2,8 @@
 `HKTClassifier.from_checkpoint`), into pretrained folders `results/pretrained/<run>/` (config.json,
 model.safetensors, README.md with the card from `results/<run>.json`; chapter 3a).
 
-    python scripts/convert_checkpoints.py            # convert; folders already up to date are left alone
-    python scripts/convert_checkpoints.py --check    # write nothing; exit 1 when a folder is missing or differs
+    python scripts/migrations/convert_checkpoints.py            # convert; folders already up to date are left alone
+    python scripts/migrations/convert_checkpoints.py --check    # write nothing; exit 1 when a folder is missing or differs
 
 Only the `<run>.pt` files are converted, not the per-run folders `checkpoints/<run>/last.pt` of runs in progress.
 Each folder is written to a temporary folder first and kept only when the model it loads (`from_pretrained`) has
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hkt_nb.model import HKTClassifier  # noqa: E402
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
         if status in ("missing", "differs"):
             bad.append(checkpoint.stem)
     if bad:
-        print(f"ERROR: {len(bad)} pretrained folder(s) missing or out of date: run python scripts/convert_checkpoints.py")
+        print(f"ERROR: {len(bad)} pretrained folder(s) missing or out of date: run python scripts/migrations/convert_checkpoints.py")
         return 1
     print(f"{len(checkpoints)} checkpoint(s): every pretrained folder in {out_dir} loads the same model")
     return 0
