@@ -81,6 +81,22 @@ def test_a_checkpoint_of_another_results_version_is_not_continued(tmp_path):
     assert train("synthetic", resume=False, **kw)["complete"]
 
 
+def test_the_checkpoint_format_is_the_one_earlier_versions_wrote(tmp_path):
+    """The per-epoch checkpoint keeps the keys and fingerprint fields that the code before the training core
+    (`hkt_nb.train`, issue 31) wrote, and holds only plain data (loaded with weights_only=True): a run interrupted
+    under the earlier code resumes under this one (checked by hand on a listops smoke run, with identical records)."""
+    kw = dict(results_dir=tmp_path / "r", checkpoint_dir=tmp_path / "c", **QUIET,
+              train_overrides={"n_train": 32, "n_val": 16, "n_test": 16})
+    train("synthetic", stop_after=1, **kw)
+    checkpoint = torch.load(tmp_path / "c" / "last.pt", weights_only=True)
+    assert set(checkpoint) == {"fingerprint", "epoch", "model", "optimizer", "scheduler", "scaler", "rng", "history",
+                               "best", "train_time_s", "train_examples"}
+    assert set(checkpoint["fingerprint"]) == {"task", "model", "preset", "seed", "results_version", "world_size",
+                                              "model_config", "train_config", "n"}
+    assert checkpoint["epoch"] == 1 and set(checkpoint["rng"][0]) >= {"python", "numpy", "torch"}
+    assert train("synthetic", **kw)["complete"]
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
 def test_damaged_checkpoint_names_the_file_and_the_way_out(tmp_path, damage):
     kw = dict(results_dir=tmp_path / "r", checkpoint_dir=tmp_path / "c", **QUIET,
