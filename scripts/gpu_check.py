@@ -55,7 +55,7 @@ def environment(device: str) -> dict:
     import torch
 
     from hkt_nb.lra.config import TrainConfig
-    from hkt_nb.lra.distributed import amp_dtype, execution_settings
+    from hkt_nb.train.distributed import amp_dtype, execution_settings
     info = {"torch": torch.__version__, "cuda_available": torch.cuda.is_available(), "device": device,
             "python": sys.version.split()[0], "cpu_count": os.cpu_count()}
     target = torch.device(device)

@@ -148,8 +148,8 @@ def probe(model: str, device: str, model_overrides: dict, vocab_size: int, n_cla
     import torch.nn.functional as F
 
     from hkt_nb.lra.config import build_config, get_preset
-    from hkt_nb.lra.distributed import amp_dtype, wrap
-    from hkt_nb.lra.loop import param_groups
+    from hkt_nb.train.distributed import amp_dtype, wrap
+    from hkt_nb.train.optim import param_groups
     from hkt_nb.model import HKTClassifier
 
     train_config = get_preset("paper").train_config("listops")

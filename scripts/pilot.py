@@ -36,7 +36,7 @@ def pilot_path(results: Path, candidate: str, model: str) -> Path:
 def run(candidate: str, model: str, results: Path) -> dict:
     import torch
 
-    from hkt_nb.lra.checkpoints import atomic_save
+    from hkt_nb.train.checkpoints import atomic_save
     from hkt_nb.lra.loop import train
 
     task, options, seq_len, overrides = CANDIDATES[candidate]
@@ -57,7 +57,7 @@ def baselines(candidate: str, results: Path) -> dict:
     split: `results/pilot/baselines-<candidate>.json` (accuracies only; the pilot decides on validation)."""
     from hkt_nb.lra.baselines import fit_baselines, split_sequences
     from hkt_nb.lra.benchmarks import load_task
-    from hkt_nb.lra.checkpoints import atomic_save
+    from hkt_nb.train.checkpoints import atomic_save
 
     task, options, _, overrides = CANDIDATES[candidate]
     caps = {"train": overrides["n_train"], "validation": N_VAL, "test": N_TEST}

@@ -129,7 +129,7 @@ def main() -> None:
     results_dir = Path(a.results_dir)
     todo = queue(a.preset, set(a.only) if a.only else None, results_dir, set(a.models) if a.models else None, a.seeds)
     from hkt_nb.lra.config import run_name
-    from hkt_nb.lra.workspace import estimate_seconds
+    from hkt_nb.lra.runs import estimate_seconds
     waiting = undecided(a.preset, results_dir) & (set(a.only) if a.only else set(plan_tasks()))
     if waiting:
         print("waiting for the pilot (seed 0 only): " + ", ".join(sorted(waiting)), flush=True)

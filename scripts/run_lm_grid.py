@@ -28,7 +28,7 @@ def main() -> None:
     import torch
 
     from hkt_nb.lm import LM_PRESETS, lm_run_name, run_lm
-    from hkt_nb.lra.checkpoints import RunLockedError  # (the training core's; issue 31 moves it to hkt_nb.train)
+    from hkt_nb.train.checkpoints import RunLockedError
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="cpu")

@@ -177,7 +177,7 @@ def test_committed_cpu_baselines_match_their_predictions(task, preset):
 
 
 def test_saved_baseline_predictions_read_back_and_a_damaged_file_is_named(tmp_path):
-    from hkt_nb.lra.records import UnreadableRecordError
+    from hkt_nb.train.records import UnreadableRecordError
 
     labels, pred = np.array([0, 1, 1, 0]), np.array([0, 0, 1, 0])
     B.save_baselines({"task": "imdb", "preset": "cpu", "strongest": "rule", "test_labels": labels,

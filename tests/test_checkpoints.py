@@ -1,4 +1,4 @@
-"""Tests of hkt_nb.lra.checkpoints: exact resumption (after an interruption and after SIGKILL), a checkpoint of
+"""Tests of hkt_nb.train.checkpoints: exact resumption (after an interruption and after SIGKILL), a checkpoint of
 another configuration or a damaged one refused with a clear message, folders checked before any work."""
 import json
 import os
@@ -11,17 +11,16 @@ import pytest
 import torch
 
 from hkt_nb.lra import loop
-from hkt_nb.lra.checkpoints import (
+from hkt_nb.lra.config import run_name, run_variant
+from hkt_nb.lra.loop import _comparable, train
+from hkt_nb.train.checkpoints import (
     RunLockedError,
-    _comparable,
     atomic_save,
     rng_state,
     run_lock,
     seed_everything,
     set_rng_state,
 )
-from hkt_nb.lra.config import run_name, run_variant
-from hkt_nb.lra.loop import train
 
 QUIET = dict(device="cpu", progress=False, verbose=False)
 TIMING = ("train_time_s", "train_examples_per_s")
@@ -80,6 +79,22 @@ def test_a_checkpoint_of_another_results_version_is_not_continued(tmp_path):
     with pytest.raises(ValueError, match="results version 1 .*--no-resume"):
         train("synthetic", **kw)
     assert train("synthetic", resume=False, **kw)["complete"]
+
+
+def test_the_checkpoint_format_is_the_one_earlier_versions_wrote(tmp_path):
+    """The per-epoch checkpoint keeps the keys and fingerprint fields that the code before the training core
+    (`hkt_nb.train`, issue 31) wrote, and holds only plain data (loaded with weights_only=True): a run interrupted
+    under the earlier code resumes under this one (checked by hand on a listops smoke run, with identical records)."""
+    kw = dict(results_dir=tmp_path / "r", checkpoint_dir=tmp_path / "c", **QUIET,
+              train_overrides={"n_train": 32, "n_val": 16, "n_test": 16})
+    train("synthetic", stop_after=1, **kw)
+    checkpoint = torch.load(tmp_path / "c" / "last.pt", weights_only=True)
+    assert set(checkpoint) == {"fingerprint", "epoch", "model", "optimizer", "scheduler", "scaler", "rng", "history",
+                               "best", "train_time_s", "train_examples"}
+    assert set(checkpoint["fingerprint"]) == {"task", "model", "preset", "seed", "results_version", "world_size",
+                                              "model_config", "train_config", "n"}
+    assert checkpoint["epoch"] == 1 and set(checkpoint["rng"][0]) >= {"python", "numpy", "torch"}
+    assert train("synthetic", **kw)["complete"]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
@@ -160,7 +175,7 @@ WRITER = """
 import sys, time
 from pathlib import Path
 import torch
-from hkt_nb.lra.checkpoints import atomic_save
+from hkt_nb.train.checkpoints import atomic_save
 k, folder, n = int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 (folder / f"ready{k}").touch()
 while not (folder / "go").exists():
@@ -237,7 +252,7 @@ def test_a_second_live_run_of_the_same_name_is_refused(tmp_path, monkeypatch):
 
 HOLDER = """
 import sys, time
-from hkt_nb.lra.checkpoints import run_lock
+from hkt_nb.train.checkpoints import run_lock
 with run_lock(sys.argv[1], "the run"):
     print("locked", flush=True)
     time.sleep(120)

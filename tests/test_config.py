@@ -131,7 +131,7 @@ COMMITTED = [p for p in sorted((REPO / "results").glob("*.json")) if '"preset"' 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.stem)
 def test_every_committed_record_conforms_to_its_preset(path):
-    """A preset's run conforms to the preset; a variant (such as the runs kept by scripts/supersede_runs.py when a
+    """A preset's run conforms to the preset; a variant (such as the runs kept by scripts/migrations/supersede_runs.py when a
     preset's size changed) is exactly its recorded differences from the preset, and its name says so."""
     from hkt_nb.lra.config import TrainConfig, preset_differences, run_variant
 
@@ -147,7 +147,7 @@ def test_every_committed_record_conforms_to_its_preset(path):
 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.stem)
 def test_every_committed_record_is_named_by_its_fields(path):
-    "A record's file, `run` and paths all carry `run_name` of its own fields (what scripts/rename_preset.py keeps true)."
+    "A record's file, `run` and paths all carry `run_name` of its own fields (what scripts/migrations/rename_preset.py keeps true)."
     record = json.loads(path.read_text())
     name = run_name(record["task"], record["model"], record["preset"], record["seed"], record.get("variant"))
     assert record["run"] == name == path.stem

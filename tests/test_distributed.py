@@ -1,4 +1,4 @@
-"""Tests of hkt_nb.lra.distributed: the device and precision choice, the CUDA fallback, and two processes under
+"""Tests of hkt_nb.train.distributed: the device and precision choice, the CUDA fallback, and two processes under
 torchrun equal to one."""
 import json
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hkt_nb.lra.distributed import ShardSampler, amp_dtype, resolve_device
+from hkt_nb.train.distributed import ShardSampler, amp_dtype, resolve_device
 
 
 def test_device_and_precision_choice():

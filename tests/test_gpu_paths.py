@@ -10,8 +10,9 @@ import torch
 import hkt_nb
 from hkt_nb import ClassifierConfig, HKTClassifier
 from hkt_nb.lra.config import PRESETS, TrainConfig, result_relevant, run_name, run_variant
-from hkt_nb.lra.distributed import amp_dtype, execution_settings
-from hkt_nb.lra.loop import _optimisation, train
+from hkt_nb.train.distributed import amp_dtype, execution_settings
+from hkt_nb.lra.loop import train
+from hkt_nb.train.optim import build_optimizer
 from hkt_nb.lra.runs import _train_overrides, finished_run, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +54,7 @@ def test_amp_on_cpu_unchanged_and_bad_mode_rejected():
 @pytest.mark.parametrize("dtype, scaled", [(torch.float16, True), (torch.bfloat16, False), (None, False)])
 def test_loss_scaling_only_for_float16(dtype, scaled):
     model = HKTClassifier(ClassifierConfig(vocab_size=5, n_classes=2, max_len=8, d_model=8, n_heads=2, n_layers=1))
-    _, _, scaler = _optimisation(model, TrainConfig(), 10, torch.device("cpu"), dtype)
+    _, _, scaler = build_optimizer(model, TrainConfig(), 10, torch.device("cpu"), dtype)
     assert scaler.is_enabled() == scaled
 
 

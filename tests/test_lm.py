@@ -634,7 +634,7 @@ def test_lm_grid_script_skips_a_run_another_queue_holds(tmp_path):
     import sys
     from pathlib import Path
 
-    from hkt_nb.lra.checkpoints import run_lock
+    from hkt_nb.train.checkpoints import run_lock
 
     root = Path(__file__).resolve().parents[1]
     env = {**__import__("os").environ, "HKT_RESULTS_DIR": str(tmp_path)}

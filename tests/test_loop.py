@@ -1,4 +1,4 @@
-"""Tests of hkt_nb.lra.loop: the schedule, the optimiser groups, the results of a smoke run, the driver's errors, and
+"""Tests of hkt_nb.lra.loop and hkt_nb.train.optim: the schedule, the optimiser groups, the results of a smoke run, the driver's errors, and
 an arm registered in the test and trained for one smoke epoch."""
 import json
 
@@ -8,7 +8,8 @@ import torch
 
 from hkt_nb.lra.benchmarks import make_dataloader, synthetic_benchmark
 from hkt_nb.lra.config import ARMS, PRESETS, Arm, run_name, run_variant
-from hkt_nb.lra.loop import evaluate, lr_factor, param_groups, train
+from hkt_nb.lra.loop import evaluate, train
+from hkt_nb.train.optim import lr_factor, param_groups
 from hkt_nb.model import ClassifierConfig, HKTClassifier, count_parameters
 
 QUIET = dict(device="cpu", progress=False, verbose=False)
@@ -112,7 +113,7 @@ def test_the_final_model_is_scored_beside_the_tested_one(tmp_path, monkeypatch, 
         run_loaders.update(run.loaders)
         return run
 
-    real_save = loop.checkpoints.save_checkpoint
+    real_save = loop.save_checkpoint
 
     def save_and_keep(run, epoch):
         real_save(run, epoch)
@@ -120,7 +121,7 @@ def test_the_final_model_is_scored_beside_the_tested_one(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(loop, "evaluate", rising_validation_loss)
     monkeypatch.setattr(loop, "build_run", build_and_keep)
-    monkeypatch.setattr(loop.checkpoints, "save_checkpoint", save_and_keep)
+    monkeypatch.setattr(loop, "save_checkpoint", save_and_keep)
     record = loop.train("synthetic", epochs=3, results_dir=tmp_path, **QUIET,
                         train_overrides={"n_train": 64, "n_val": 32, "n_test": 32, "save_model": True})
     assert record["best_epoch"] == 1 and record["best_val_loss"] == 1.0 and record["final_epoch"] == 3

@@ -138,7 +138,7 @@ def test_records_url_comes_from_the_wheels_source_url(dists, venv, settings, tmp
     `records_url()` in the venv the wheel is installed in, from a folder outside any clone."""
     from importlib.metadata import PathDistribution
 
-    from hkt_nb.lra import workspace
+    from hkt_nb.train import workspace
 
     _, wheel = dists
     archive = zipfile.ZipFile(wheel)
@@ -154,7 +154,7 @@ def test_records_url_comes_from_the_wheels_source_url(dists, venv, settings, tmp
     assert workspace.records_url() == expected
     outside = tmp_path / "colab"
     outside.mkdir()
-    code = "import hkt_nb.lra.workspace as w; print(w.__file__); print(w.records_url())"
+    code = "import hkt_nb.train.workspace as w; print(w.__file__); print(w.records_url())"
     out = subprocess.run([str(venv), "-c", code], capture_output=True, text=True, cwd=outside,
                          env=clean_env(OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1"))
     assert out.returncode == 0, out.stderr[-3000:]

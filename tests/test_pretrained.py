@@ -1,7 +1,7 @@
 """Tests of hkt_nb.pretrained (issue 21): `save_pretrained` / `from_pretrained` / `push_to_hub` of HKTClassifier,
 the pretrained folder layout (config.json, model.safetensors, README.md: huggingface_hub's PyTorchModelHubMixin
 layout), the refusal of damaged folders, loading without executing code, offline loading from a folder and from a
-Hub cache, the committed converted models (scripts/convert_checkpoints.py) and the core requirements."""
+Hub cache, the committed converted models (scripts/migrations/convert_checkpoints.py) and the core requirements."""
 import importlib.util
 import json
 import os
@@ -419,11 +419,11 @@ def test_core_requirements_pull_no_hub_client(settings):
     assert settings["hub_requirements"].split() == ["huggingface_hub"]
 
 
-# --- the committed models (scripts/convert_checkpoints.py) --------------------------------------------------------
+# --- the committed models (scripts/migrations/convert_checkpoints.py) --------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def convert_script(repo_root):
-    spec = importlib.util.spec_from_file_location("convert_checkpoints", repo_root / "scripts" / "convert_checkpoints.py")
+    spec = importlib.util.spec_from_file_location("convert_checkpoints", repo_root / "scripts" / "migrations" / "convert_checkpoints.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -439,7 +439,7 @@ def test_every_committed_model_has_an_identical_pretrained_folder(repo_root, con
         pytest.skip("no committed checkpoints")
     for checkpoint in checkpoints:
         folder = repo_root / "results" / "pretrained" / checkpoint.stem
-        assert folder.is_dir(), f"{folder} missing: run python scripts/convert_checkpoints.py"
+        assert folder.is_dir(), f"{folder} missing: run python scripts/migrations/convert_checkpoints.py"
         reference = HKTClassifier.from_checkpoint(checkpoint)
         assert convert_script.same_model(reference, folder) is None, checkpoint.stem
         record = json.loads((repo_root / "results" / f"{checkpoint.stem}.json").read_text())

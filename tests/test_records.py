@@ -1,4 +1,4 @@
-"""Tests of hkt_nb.lra.records: records hold no machine paths, store the library and results versions, and the
+"""Tests of hkt_nb.train.records: records hold no machine paths, store the library and results versions, and the
 learned internals the variant registry reports."""
 import json
 from pathlib import Path
@@ -10,7 +10,7 @@ import torch
 import hkt_nb
 from hkt_nb.lra.config import RESULTS_VERSION
 from hkt_nb.lra.loop import train
-from hkt_nb.lra.records import (
+from hkt_nb.train.records import (
     UnreadableRecordError,
     hkt_internals,
     read_predictions,

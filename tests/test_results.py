@@ -725,7 +725,7 @@ def test_listed_joins_names_as_prose():
 
 def _write_variant_grid(folder, accuracies=(("hkt", 0.6), ("mha", 0.4))):
     """A finished ListOps `cpu` grid of variant x1 (n_train 500, 2 epochs) on 1,000 test labels, named as
-    scripts/supersede_runs.py names superseded runs; returns the labels."""
+    scripts/migrations/supersede_runs.py names superseded runs; returns the labels."""
     labels = np.arange(1000) % 10
     for seed in SEEDS:
         for model, acc in accuracies:

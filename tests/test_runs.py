@@ -305,7 +305,7 @@ def test_every_install_hint_of_the_library_gives_the_pre_release_form(monkeypatc
 
 
 def test_load_or_train_names_a_damaged_record_of_its_run(tmp_path):
-    from hkt_nb.lra.records import UnreadableRecordError
+    from hkt_nb.train.records import UnreadableRecordError
     damaged = tmp_path / "synthetic-hkt-smoke-seed0.json"
     damaged.write_text("[]")
     with pytest.raises(UnreadableRecordError, match=f"unreadable record {damaged}: a JSON list"):

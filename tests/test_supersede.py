@@ -1,4 +1,4 @@
-"""scripts/supersede_runs.py: the runs of a preset whose size changed are kept under their variant names."""
+"""scripts/migrations/supersede_runs.py: the runs of a preset whose size changed are kept under their variant names."""
 import importlib.util
 import json
 from pathlib import Path
@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("supersede_runs", REPO / "scripts" / "supersede_runs.py")
+    spec = importlib.util.spec_from_file_location("supersede_runs", REPO / "scripts" / "migrations" / "supersede_runs.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -107,12 +107,23 @@ def test_register_refuses_a_taken_name_and_a_non_task():
     (dict(name="my-task"), ValueError, "name"), (dict(name="Toy"), ValueError, "name"),
     (dict(n_classes=1), ValueError, "n_classes"), (dict(n_classes=2.0), ValueError, "n_classes"),
     (dict(vocab_size=70_000), ValueError, "vocab_size"), (dict(seq_len=0), ValueError, "seq_len"),
-    (dict(load="toy_load"), TypeError, "load"), (dict(tokenise=None), TypeError, "tokenise"),
+    (dict(load=42), TypeError, "load"), (dict(tokenise=None), TypeError, "tokenise"),
     (dict(sizes={"smoke": 1}), TypeError, "sizes"), (dict(pairs=(("hkt", "hkt_l1"),)), ValueError, "pairs"),
     (dict(paper={"s4": (1.0, 0.1)}), ValueError, "paper")])
 def test_task_checks_its_fields(changes, error, argument):
     with pytest.raises(error, match=argument):
         toy_task(**changes)
+
+
+def test_a_loader_named_by_a_string_is_found_in_the_data_module(tmp_path):
+    """The built-in tasks name their loaders (the registry imports no data module, so no import circle): the name is
+    looked up in hkt_nb.lra.benchmarks when data are loaded; a name it does not define is refused, naming it."""
+    from hkt_nb.lra import benchmarks
+    assert T.get_task("listops").load == "listops_splits" and callable(getattr(benchmarks, "listops_splits"))
+    assert benchmarks._loader(T.get_task("synthetic")) is benchmarks.synthetic_splits
+    assert benchmarks._loader(toy_task()) is toy_load  # a function passes through
+    with pytest.raises(ValueError, match="no_such_loader"):
+        benchmarks.load_benchmark(toy_task(load="no_such_loader"), cache=tmp_path)
 
 
 def test_pairs_default_to_the_first_model_against_each_other():

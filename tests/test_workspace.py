@@ -1,4 +1,4 @@
-"""Tests of hkt_nb.lra.workspace: the time estimate and the warning before the paper preset runs on a CPU."""
+"""Tests of hkt_nb.lra.runs (the time estimate) and hkt_nb.train.workspace (where records come from): the time estimate and the warning before the paper preset runs on a CPU."""
 import json
 import re
 import warnings
@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 
 from hkt_nb.lra.config import TASKS
-from hkt_nb.lra import workspace
-from hkt_nb.lra.workspace import estimate_seconds, estimated_time, records_url
+from hkt_nb.lra import runs
+from hkt_nb.lra.runs import estimate_seconds, estimated_time
+from hkt_nb.train import workspace
+from hkt_nb.train.workspace import records_url
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,14 +49,14 @@ def test_the_estimate_reads_the_cpu_runs_first_then_the_first_cpu_preset(tmp_pat
     committed = REPO / "results" / "listops-hkt-cpu_small-seed0.json"
     if not committed.is_file():
         pytest.skip("no committed cpu_small run")
-    assert workspace.THROUGHPUT_PRESETS == ("cpu", "cpu_small")
+    assert runs.THROUGHPUT_PRESETS == ("cpu", "cpu_small")
     record = json.loads(committed.read_text())
     (tmp_path / committed.name).write_text(json.dumps(record))
-    assert workspace._recorded_throughput("listops", "hkt", tmp_path) == (record["train_examples_per_s"], "cpu_small")
-    assert workspace._recorded_throughput("listops", "mha", tmp_path) is None
+    assert runs._recorded_throughput("listops", "hkt", tmp_path) == (record["train_examples_per_s"], "cpu_small")
+    assert runs._recorded_throughput("listops", "mha", tmp_path) is None
     faster = {**record, "run": "listops-hkt-cpu-seed0", "preset": "cpu", "train_examples_per_s": 2 * record["train_examples_per_s"]}
     (tmp_path / "listops-hkt-cpu-seed0.json").write_text(json.dumps(faster))
-    assert workspace._recorded_throughput("listops", "hkt", tmp_path) == (faster["train_examples_per_s"], "cpu")
+    assert runs._recorded_throughput("listops", "hkt", tmp_path) == (faster["train_examples_per_s"], "cpu")
 
 
 class _Metadata:

@@ -15,9 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_choice, check_int
-
-# the training core's pieces (today in hkt_nb.lra; issue 31 moves them to hkt_nb.train): redirect this line
-from ..lra.checkpoints import atomic_write
+from ..train.checkpoints import atomic_write  # the training core
 
 # %% auto #0
 __all__ = ['imdb_bytes', 'as_tensor', 'random_batch', 'eval_windows', 'lm_loss', 'sequence_bits_per_byte']

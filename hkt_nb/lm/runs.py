@@ -11,9 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from .._checks import check_choice
-
-# the training core's pieces (today in hkt_nb.lra; issue 31 moves them to hkt_nb.train): redirect this line
-from ..lra.checkpoints import run_lock, writable_folder
+from ..train.checkpoints import run_lock, writable_folder  # the training core
 from .data import imdb_bytes
 from .model import LMConfig, count_lm_parameters
 from .training import LMTrainConfig, load_record, save_record, train_lm

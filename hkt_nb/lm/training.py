@@ -19,11 +19,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .._checks import check_float, check_int
-
-# the training core's pieces (today in hkt_nb.lra; issue 31 moves them to hkt_nb.train): redirect these two lines
-from ..lra.checkpoints import atomic_save, rng_state, seed_everything, set_rng_state
-from ..lra.loop import lr_factor
 from ..model import no_weight_decay
+from ..train.checkpoints import atomic_save, rng_state, seed_everything, set_rng_state  # the training core
+from ..train.optim import lr_factor
 from .data import as_tensor, eval_windows, lm_loss, random_batch, sequence_bits_per_byte
 from .generation import generate
 from .model import ByteLM, LMConfig, count_lm_parameters

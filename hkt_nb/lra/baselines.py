@@ -336,7 +336,7 @@ def load_baseline_predictions(results_dir, task: str, preset: str, name: str) ->
     """Test-set `(predictions, labels)` of one saved baseline (`save_baselines`), two int64 arrays of shape (n_test,)
     in test-split order; None when the file does not exist. Raises UnreadableRecordError (a ValueError naming the
     file) when it is damaged or lacks an array (`read_predictions`, chapter 5)."""
-    from hkt_nb.lra.records import read_predictions
+    from hkt_nb.train.records import read_predictions
 
     path = baseline_predictions_path(results_dir, task, preset, name)
     return read_predictions(path, None) if path.exists() else None

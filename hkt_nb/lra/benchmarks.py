@@ -18,18 +18,18 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
-from .._checks import check_bool, check_int
+from .._checks import check_int
 
 # `datasets` as hkt_nb.lra.listops imports it: behind the one check that names the [lra] extra when it is missing
 from .listops import LISTOPS_SETTINGS, datasets, make_listops, read_listops_tsv, write_listops_tsv
+from .tasks import get_task
 from .tokenize import PAD_ID, tokenise_listops
 
 # %% auto #0
-__all__ = ['SPLITS', 'IMDB_VAL_PER_CLASS', 'PARQUET_FILES', 'BenchmarkInfo', 'benchmark_info', 'listops_splits', 'listops_check',
-           'listops_source', 'imdb_splits', 'cifar10_splits', 'scifar10_check', 'synthetic_benchmark',
-           'synthetic_splits', 'load_benchmark', 'task_sizes', 'load_task', 'subsample', 'TokenDataset', 'batch_length',
-           'pad_collate', 'make_dataloader', 'absolute_path', 'resolve_user_path', 'cache_dir', 'resolve_data_dir',
-           'load_raw']
+__all__ = ['SPLITS', 'IMDB_VAL_PER_CLASS', 'PARQUET_FILES', 'BenchmarkInfo', 'benchmark_info', 'listops_splits', 'imdb_splits',
+           'cifar10_splits', 'synthetic_benchmark', 'synthetic_splits', 'load_benchmark', 'task_sizes', 'load_task',
+           'subsample', 'TokenDataset', 'batch_length', 'pad_collate', 'make_dataloader', 'absolute_path',
+           'resolve_user_path', 'cache_dir', 'resolve_data_dir', 'load_raw']
 
 # %% ../../nbs/04_data.ipynb #38380846
 SPLITS = ("train", "validation", "test")
@@ -47,11 +47,20 @@ class BenchmarkInfo:
 
 
 def _task(task):
-    """The registry record of `task` (a name or a `Task`; `hkt_nb.lra.tasks.get_task`). Imported when called: the
-    registry imports this module's loaders. Raises KeyError (a `ValueError` too) listing the registered tasks."""
-    from hkt_nb.lra.tasks import get_task
-
+    """The registry record of `task` (a name or a `Task`; `hkt_nb.lra.tasks.get_task`). Raises KeyError (a
+    `ValueError` too) listing the registered tasks."""
     return get_task(task)
+
+
+def _loader(record):
+    """The loader of a task: `Task.load` itself, or the function of this module it names (the built-in tasks name theirs,
+    so that the registry imports no data module). Raises ValueError for a name this module does not define."""
+    if callable(record.load):
+        return record.load
+    loader = globals().get(record.load)
+    if not callable(loader):
+        raise ValueError(f"{record.name}: load={record.load!r} names no loader of hkt_nb.lra.benchmarks")
+    return loader
 
 
 def _options(record, options: dict) -> dict:
@@ -117,22 +126,6 @@ def listops_splits(task, *, sizes: dict, caps: dict, seed: int, cache_root: Path
     return out
 
 
-def listops_check(task, seq_len: int | None, setting: str = "paper") -> int:
-    """T of ListOps: `seq_len`, else the setting's (`LISTOPS_SETTINGS`: 512 "paper", 128 "short", 2000 "lra").
-    Raises ValueError naming `setting` (unknown) or `seq_len` (shorter than the setting's longest expression)."""
-    if not isinstance(setting, str) or setting not in LISTOPS_SETTINGS:
-        raise ValueError(f"setting: unknown ListOps setting {setting!r}; expected one of {sorted(LISTOPS_SETTINGS)}")
-    longest = LISTOPS_SETTINGS[setting]["max_length"] - 1
-    if seq_len is not None and seq_len < longest:
-        raise ValueError(f"seq_len={seq_len} would cut ListOps expressions of setting {setting!r} (up to {longest} "
-                         f"tokens), and a cut expression no longer determines its label; use seq_len >= {longest}")
-    return seq_len or LISTOPS_SETTINGS[setting]["seq_len"]
-
-
-def listops_source(task, data_dir, setting: str = "paper") -> dict:
-    "What the tokenised cache of generated ListOps depends on: the generator parameters of `setting`."
-    return LISTOPS_SETTINGS[setting]
-
 # %% ../../nbs/04_data.ipynb #be85f2f3
 def _split_order(n: int, seed: int, split: str) -> np.ndarray:
     "A seeded permutation of range(n), one per split."
@@ -177,11 +170,6 @@ def cifar10_splits(task, *, sizes: dict, caps: dict, seed: int, cache_root: Path
     parts = {"train": train.select(range(n_train)), "validation": train.select(range(n_train, len(train))), "test": test}
     return _ordered(parts, sizes, caps, seed)
 
-
-def scifar10_check(task, seq_len: int | None, rgb: bool = False) -> int:
-    "T of sequential CIFAR-10: `seq_len`, else 1,024 pixels (3,072 with `rgb`). Raises TypeError naming `rgb`."
-    check_bool("rgb", rgb)
-    return seq_len or (3 if rgb else 1) * task.seq_len
 
 # %% ../../nbs/04_data.ipynb #982bf2c0
 def synthetic_benchmark(n_train: int = 256, n_val: int = 128, n_test: int = 128, seq_len: int = 64,
@@ -291,7 +279,7 @@ def load_benchmark(
                     seed=seed, source=source))
     target = root / "tokenized" / f"{record.name}-{key}"
     if not (target / "dataset_dict.json").is_file():
-        raw = record.load(record, sizes=sizes, caps=caps, seed=seed, data_dir=data_dir, cache_root=root, **options)
+        raw = _loader(record)(record, sizes=sizes, caps=caps, seed=seed, data_dir=data_dir, cache_root=root, **options)
         _save_atomically(*_tokenise(record, raw, info.seq_len, options, num_proc), target)
     record_file = target / "truncation.json"
     if record_file.is_file():

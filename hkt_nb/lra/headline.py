@@ -189,7 +189,7 @@ def headline_rows(results_dir=None,  # default: `default_results_dir()` (chapter
     `PRESET_ORDER` where both models of `HEADLINE_PAIR` have a finished run, rules 1-5 on seeds 0-2 (and rule 7 on the
     fresh seeds where `SEED_LEVEL_SETTINGS` names it), then the language model (`_lm_row`). Each row: `task`, `preset`,
     `word` (`verdict_word`), `cells` (the Markdown cells of `headline_markdown`) and the numbers behind them."""
-    from hkt_nb.lra.workspace import default_results_dir
+    from hkt_nb.train.workspace import default_results_dir
 
     results_dir = Path(default_results_dir() if results_dir is None else results_dir)
     runs, rows = {p: load_runs(results_dir, p) for p in PRESET_ORDER}, []
@@ -331,7 +331,7 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
     """Two sentences, without numbers, on what the runs and their trivial baselines establish and what they do not
     (the long form of the first page's table, shown in chapter 9): from `results_summary` of each task at its scale
     (`task_scales`)."""
-    from hkt_nb.lra.workspace import default_results_dir
+    from hkt_nb.train.workspace import default_results_dir
 
     results_dir = default_results_dir() if results_dir is None else results_dir
     status = grid_status(results_dir)  # read once: every record and prediction of every preset

@@ -5,9 +5,12 @@
 # %% ../../nbs/05a_loop.ipynb #a35a8dfa
 from __future__ import annotations
 
+import contextlib
+import json
 import math
+import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -15,16 +18,35 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import DistributedSampler
 from tqdm.auto import tqdm
 
-from ..model import HKTClassifier
-from . import checkpoints, distributed, records  # the plumbing, each a section after this one
-from .benchmarks import absolute_path
-from .config import Preset, RunOptions, RunSpec, TrainConfig, build_config, run_identity, split_keywords
+import hkt_nb
+from hkt_nb.lra.config import (
+    EXECUTION_ONLY_FIELDS,
+    RESULTS_VERSION,
+    RESULTS_VERSIONS,
+    Preset,
+    RunOptions,
+    RunSpec,
+    TrainConfig,
+    build_config,
+    run_identity,
+    run_name,
+    run_variant,
+    split_keywords,
+)
+
+from ..model import ClassifierConfig, HKTClassifier, count_parameters
+from ..train import checkpoints, distributed, records  # the training core (hkt_nb.train): sections after this one
+from ..train.optim import build_optimizer
+from .benchmarks import absolute_path, make_dataloader
 from .tasks import get_task
 
 # %% auto #0
-__all__ = ['train', 'param_groups', 'lr_factor', 'Run', 'build_run', 'train_one_epoch', 'evaluate', 'validate', 'finish']
+__all__ = ['train', 'Run', 'build_run', 'train_one_epoch', 'evaluate', 'validate', 'finish', 'make_loaders', 'lock_run',
+           'fingerprint', 'save_checkpoint', 'restore', 'run_record', 'announce', 'final_results', 'write_outputs',
+           'save_best_pretrained', 'report_stop']
 
 # %% ../../nbs/05a_loop.ipynb #aa770856
 def train(
@@ -39,10 +61,10 @@ def train(
     "Train one run, step by step (chapter 5); launch under `torchrun` for several processes."
     spec_values, option_values = split_keywords(keywords)
     spec, options = RunSpec(task, model, preset, seed, **spec_values), replace(options or RunOptions(), **option_values)
-    with checkpoints.lock_run(spec, options):  # one live run per name (RunLockedError otherwise)
+    with lock_run(spec, options):  # one live run per name (RunLockedError otherwise)
         run = build_run(spec, options)
-        checkpoints.restore(run)
-        records.announce(run)
+        restore(run)
+        announce(run)
         for epoch in range(run.start_epoch, run.train_config.epochs):
             if run.options.stop_after is not None and epoch >= run.options.stop_after:
                 break
@@ -50,40 +72,8 @@ def train(
             if run.budget_stop is not None:  # a partial epoch: neither validated nor checkpointed
                 break
             validate(run, epoch, *epoch_result)
-            checkpoints.save_checkpoint(run, epoch)
+            save_checkpoint(run, epoch)
         return finish(run)
-
-# %% ../../nbs/05a_loop.ipynb #4f8bf0c0
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two AdamW parameter groups: weights of `nn.Linear` / `nn.Conv1d` with `weight_decay`, everything else
-    (biases, norms, embeddings, HKT level and gate logits) without."""
-    decay, no_decay = [], []
-    for module in model.modules():
-        for name, p in module.named_parameters(recurse=False):
-            if not p.requires_grad:
-                continue
-            (decay if name == "weight" and isinstance(module, (nn.Linear, nn.Conv1d)) else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-# %% ../../nbs/05a_loop.ipynb #6996187f
-def lr_factor(step: int, total_steps: int, warmup_steps: int, min_lr_ratio: float = 0.1) -> float:
-    """Learning-rate multiplier at optimiser step `step` (0-based): linear warm-up (step+1)/W for step < W,
-    then a cosine from 1 to `min_lr_ratio` over steps W..total_steps (constant after)."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def _optimisation(model: nn.Module, train_config: TrainConfig, steps_per_epoch: int, device, dtype):
-    "AdamW over `param_groups`, the warm-up + cosine schedule and the loss scaler (active for float16 only)."
-    optimizer = torch.optim.AdamW(param_groups(model, train_config.weight_decay), lr=train_config.lr,
-                                  betas=train_config.betas, fused=device.type == "cuda")
-    total_steps = train_config.epochs * steps_per_epoch
-    warmup = max(1, round(train_config.warmup_frac * total_steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, total_steps, warmup, train_config.min_lr_ratio))
-    return optimizer, scheduler, torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 
 # %% ../../nbs/05a_loop.ipynb #51dd4abc
 @dataclass
@@ -149,9 +139,9 @@ def build_run(spec: RunSpec, options: RunOptions) -> Run:
     checkpoints.seed_everything(spec.seed)
     model = HKTClassifier(model_config).to(device)
     network = distributed.wrap(model, train_config, device, world)  # compiled in place on CUDA, in DDP for world > 1
-    loaders = distributed.make_loaders(splits, train_config, spec.seed, rank, world, model_config.max_len, device)
+    loaders = make_loaders(splits, train_config, spec.seed, rank, world, model_config.max_len, device)
     dtype = distributed.amp_dtype(device, train_config.amp)
-    optimizer, scheduler, scaler = _optimisation(model, train_config, len(loaders["train"]), device, dtype)
+    optimizer, scheduler, scaler = build_optimizer(model, train_config, len(loaders["train"]), device, dtype)
     checkpoints.seed_everything(spec.seed + rank)
     return Run(name, spec, options, train_config, model_config, device, dtype, rank, world, splits, loaders, network,
                optimizer, scheduler, scaler, results_dir, checkpoint_dir / "last.pt", n_classes, vocab_size,
@@ -241,20 +231,209 @@ def finish(run: Run) -> dict:
     """Step 6: for a complete run, score the final model and the best one by validation loss (the tested one) on the
     test set and write the outputs; an incomplete one (stopped by `stop_after` or the time budget) returns its record
     with "complete": False and keeps its checkpoint."""
-    results = records.run_record(run)
+    results = run_record(run)
     if not results["complete"]:
-        return records.report_stop(run, results)
+        return report_stop(run, results)
     final = evaluate(run.network, run.loaders["test"], run.device, run.dtype)  # the model as the last epoch left it
     run.model.load_state_dict(run.best["state"])
     test = evaluate(run.network, run.loaders["test"], run.device, run.dtype, predictions=True)
     predictions = distributed.gather_predictions(test.pop("predictions"), len(run.splits["test"]), run.rank, run.world)
-    results.update(records.final_results(run, test, final))
+    results.update(final_results(run, test, final))
     run.show(f"{run.name}: best epoch {run.best['epoch']} by validation loss ({run.best['val_loss']:.4f}, val acc "
              f"{run.best['val_acc']:.4f}), test acc {results['test_acc']:.4f}; final epoch {len(run.history)}: test acc "
              f"{results['final_test_acc']:.4f} (majority {results['majority_test_acc']:.4f}); "
              f"{results['wall_time_s']:.0f} s")
     if run.rank == 0:
-        records.write_outputs(run, results, predictions)
+        write_outputs(run, results, predictions)
     if run.world > 1:
         dist.barrier()
+    return results
+
+# %% ../../nbs/05a_loop.ipynb #7926a5e9
+def make_loaders(splits: dict, train_config: TrainConfig, seed: int, rank: int, world: int, max_length: int,
+                 device: torch.device = torch.device("cpu")) -> dict:
+    "Training batches (shuffled per epoch by `DistributedSampler`) and strided validation / test shards."
+    per_process = train_config.batch_size // world
+    eval_batch = (train_config.eval_batch_size or 2 * train_config.batch_size) // world or 1
+    settings = distributed.execution_settings(train_config, device, world)
+    io = dict(max_length=max_length, num_workers=settings["num_workers"], pin_memory=settings["pin_memory"],
+              persistent_workers=settings["num_workers"] > 0)
+    sampler = DistributedSampler(splits["train"], num_replicas=world, rank=rank, shuffle=True, seed=seed)
+    loaders = {"train": make_dataloader(splits["train"], per_process, sampler=sampler, **io)}
+    for split in ("validation", "test"):
+        loaders[split] = make_dataloader(splits[split], eval_batch, sampler=distributed.ShardSampler(len(splits[split]), rank, world), **io)
+    return loaders
+
+# %% ../../nbs/05a_loop.ipynb #f1c2e9f6
+def lock_run(spec: RunSpec, options: RunOptions):
+    """The lock of the run `spec` writes under `options.results_dir`: `hkt_nb.train.checkpoints.lock_run` of its name
+    (`run_identity`) on rank 0 (`$RANK`, as torchrun sets it), nothing on the other ranks. Raises ValueError when the
+    results folder cannot be written, and (on entering) RunLockedError when another live process trains the same run
+    into the same folder."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return contextlib.nullcontext()
+    name, _ = run_identity(spec.resolved())
+    return checkpoints.lock_run(name, absolute_path(options.results_dir))
+
+# %% ../../nbs/05a_loop.ipynb #1fe91a76
+def fingerprint(run) -> dict:
+    """What a checkpoint must match to be resumed: the run's identity, `RESULTS_VERSION` (a checkpoint of another
+    version selected its best model otherwise), configurations and split sizes (as JSON)."""
+    spec = run.spec
+    identity = {"task": spec.task, "model": spec.model, "preset": spec.preset.name, "seed": spec.seed,
+                "results_version": RESULTS_VERSION,
+                "world_size": run.world, "model_config": run.model_config.to_dict(),
+                "train_config": asdict(run.train_config), "n": {s: len(d) for s, d in run.splits.items()}}
+    return json.loads(json.dumps(identity))  # tuples -> lists, as they come back from disk
+
+
+def save_checkpoint(run, epoch: int) -> None:
+    "Step 5: everything the rest of the run depends on, written atomically by rank 0 (random states of all ranks)."
+    states = [checkpoints.rng_state()]
+    if run.world > 1:
+        states = [None] * run.world
+        dist.all_gather_object(states, checkpoints.rng_state())
+    if run.rank == 0:
+        checkpoints.atomic_save({"fingerprint": fingerprint(run), "epoch": epoch + 1, "model": run.model.state_dict(),
+                     "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+                     "scaler": run.scaler.state_dict(), "rng": states, "history": run.history, "best": run.best,
+                     "train_time_s": run.train_time, "train_examples": run.n_seen}, run.checkpoint_path)
+    if run.world > 1:
+        dist.barrier()
+
+# %% ../../nbs/05a_loop.ipynb #142c9440
+def _comparable(identity: dict) -> dict:
+    """A fingerprint without the execution-only fields (workers, pinned memory, compilation: they never block a
+    resume), its model configuration read through `ClassifierConfig.from_dict` (a checkpoint of the flat form resumes)."""
+    train_config = {k: v for k, v in identity.get("train_config", {}).items() if k not in EXECUTION_ONLY_FIELDS}
+    model_config = json.loads(json.dumps(ClassifierConfig.from_dict(identity["model_config"]).to_dict()))
+    return {**identity, "train_config": train_config, "model_config": model_config,
+            "results_version": identity.get("results_version", 1)}
+
+
+def restore(run) -> None:
+    """Step 2: continue from the last finished epoch of the checkpoint, if there is one, resuming is on and it
+    belongs to exactly this configuration (else ValueError naming what differs)."""
+    path = run.checkpoint_path
+    if not (run.options.resume and path.exists()):
+        return
+    checkpoint = checkpoints.read_checkpoint(path, run.device)
+    expected, stored = _comparable(fingerprint(run)), _comparable(checkpoint["fingerprint"])
+    if stored["results_version"] != expected["results_version"]:
+        raise ValueError(f"checkpoint {path} was written under results version {stored['results_version']} (this "
+                         f"library: {expected['results_version']}: {RESULTS_VERSIONS[expected['results_version']]}); "
+                         "it cannot be continued: start afresh with resume=False (hkt-train --no-resume), or give "
+                         "this run another checkpoint folder (--checkpoint-dir) to keep it")
+    if stored != expected:
+        differ = sorted(k for k in expected if stored.get(k) != expected[k])
+        raise ValueError(f"checkpoint {path} belongs to a different configuration (differs in {differ}): another "
+                         "run's checkpoint; give this run another checkpoint folder (checkpoint_dir=, hkt-train "
+                         "--checkpoint-dir), or delete the file if that run is abandoned (resume=False would "
+                         "overwrite it)")
+    run.model.load_state_dict(checkpoint["model"]); run.optimizer.load_state_dict(checkpoint["optimizer"])
+    run.scheduler.load_state_dict(checkpoint["scheduler"]); run.scaler.load_state_dict(checkpoint["scaler"])
+    checkpoints.set_rng_state(checkpoint["rng"][run.rank])
+    run.history, run.best, run.start_epoch = checkpoint["history"], checkpoint["best"], checkpoint["epoch"]
+    run.train_time, run.n_seen = checkpoint["train_time_s"], checkpoint["train_examples"]
+    run.resumed_examples = run.n_seen
+    run.show(f"{run.name}: resumed from {path} after epoch {run.start_epoch}")
+
+# %% ../../nbs/05a_loop.ipynb #c1666deb
+def run_record(run) -> dict:
+    "The results dict of a run so far (paths relative to the results folder, never absolute)."
+    spec, complete = run.spec, len(run.history) == run.train_config.epochs
+    return {"run": run.name, "complete": complete, "task": spec.task, "model": spec.model,
+            "preset": spec.preset.name, "seed": spec.seed, "variant": run_variant(run.overrides),
+            "overrides": run.overrides,
+            "config": {"model": run.model_config.to_dict(), "train": asdict(run.train_config),
+                       "preset_why": spec.preset.why},
+            "results_version": RESULTS_VERSION, "library_version": hkt_nb.__version__,
+            "data": {"vocab_size": run.vocab_size, "n_classes": run.n_classes, "seq_len": run.model_config.max_len,
+                     **{f"n_{s}": len(d) for s, d in run.splits.items()}},
+            "n_params": count_parameters(run.model), "history": run.history,
+            "checkpoint_dir": os.path.relpath(run.checkpoint_path.parent, run.results_dir)}
+
+
+def announce(run) -> None:
+    "One line: parameters, split sizes, epochs x steps, device and precision (and, for a variant, what differs)."
+    run.show(f"{run.name}: {count_parameters(run.model):,} parameters, {len(run.splits['train']):,} train / "
+             f"{len(run.splits['validation']):,} val / {len(run.splits['test']):,} test examples, "
+             f"{run.train_config.epochs} epochs x {len(run.loaders['train'])} steps, device {run.device}"
+             f"{f' x {run.world} processes' if run.world > 1 else ''}, autocast {run.dtype}")
+    if run.overrides:
+        described = "; ".join(f"{part} " + ", ".join(f"{k}={v}" for k, v in values.items())
+                              for part, values in run.overrides.items())
+        run.show(f"{run.name}: a variant of preset {run.spec.preset.name!r} ({described}), written to "
+                 f"{run.results_dir / (run.name + '.json')}; the preset's own run "
+                 f"{run_name(run.spec.task, run.spec.model, run.spec.preset.name, run.spec.seed)} is not touched")
+
+# %% ../../nbs/05a_loop.ipynb #833244d1
+def final_results(run, test: dict, final: dict | None = None) -> dict:
+    """The record's test part: `test` (`evaluate` of the tested model, the best by validation loss: `selection`,
+    `best_epoch`, `best_val_loss`, `best_val_acc`), `final` (`evaluate` of the model after the last epoch, when given:
+    `final_epoch`, `final_test_acc`, `final_test_loss`), the majority baseline, times, hardware, versions."""
+    labels_train = np.bincount(run.splits["train"]["label"], minlength=run.n_classes)
+    labels_test = np.bincount(run.splits["test"]["label"], minlength=run.n_classes)
+    scored_final = {} if final is None else {"final_epoch": len(run.history), "final_test_acc": final["acc"],
+                                             "final_test_loss": final["loss"]}
+    return {"selection": "val_loss", "best_epoch": run.best["epoch"], "best_val_loss": run.best["val_loss"],
+            "best_val_acc": run.best["val_acc"], "test_acc": test["acc"], "test_loss": test["loss"],
+            "n_test_evaluated": test["n"], **scored_final,
+            "majority_test_acc": float(labels_test[labels_train.argmax()] / labels_test.sum()),
+            "train_time_s": run.train_time, "wall_time_s": time.time() - run.started,
+            "train_examples_per_s": run.n_seen / run.train_time,
+            "amp_dtype": str(run.dtype).replace("torch.", "") if run.dtype else "float32",
+            "hardware": records.hardware_info(run.device, run.world), "versions": records.library_versions(),
+            **records.hkt_internals(run.model), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+# %% ../../nbs/05a_loop.ipynb #cc9f7b36
+def write_outputs(run, results: dict, predictions: np.ndarray) -> None:
+    "Rank 0: the best model (if saved), the test predictions, the results JSON; then the checkpoint is removed."
+    if run.train_config.save_model:
+        model_path = run.results_dir / "checkpoints" / f"{run.name}.pt"
+        checkpoints.atomic_save({"config": run.model_config.to_dict(), "run": run.name, "best_epoch": run.best["epoch"],
+                     "state_dict": {k: v.cpu() for k, v in run.best["state"].items()}}, model_path)
+        results["model_path"] = str(Path("checkpoints") / f"{run.name}.pt")
+        results["pretrained_path"] = str(Path("pretrained") / run.name)
+        save_best_pretrained(run, results, run.results_dir / results["pretrained_path"])
+    records.save_predictions(run.results_dir / "predictions" / f"{run.name}.npz", predictions,
+                     np.asarray(run.splits["test"]["label"]))
+    results["predictions_path"] = str(Path("predictions") / f"{run.name}.npz")
+    checkpoints.atomic_save(results, run.results_dir / f"{run.name}.json")
+    for path in (run.checkpoint_path, run.checkpoint_path.with_name("last.pt.tmp")):  # .tmp: the fixed temporary name of earlier versions
+        path.unlink(missing_ok=True)
+    folder = run.checkpoint_path.parent
+    if folder.exists() and not any(folder.iterdir()):
+        folder.rmdir()
+    run.show(f"{run.name}: record written to {run.results_dir / (run.name + '.json')}")
+
+def save_best_pretrained(run, results: dict, folder: Path) -> None:
+    """The best model as a safetensors folder (`model.safetensors`, `config.json`, a model card from `results`;
+    chapter 3a), beside its `.pt` file: what `HKTClassifier.from_pretrained(folder)` loads."""
+    model = HKTClassifier(run.model_config)
+    model.load_state_dict({k: v.cpu() for k, v in run.best["state"].items()})
+    model.save_pretrained(folder, record=results)
+
+
+# %% ../../nbs/05a_loop.ipynb #d02346ce
+def report_stop(run, results: dict) -> dict:
+    """The record of an incomplete run, with how far a time budget let it get and `examples_this_call` (the training
+    examples this call went through: 0 when it trained nothing); prints what the next call will do."""
+    if run.budget_stop is not None:
+        examples, seconds = run.n_seen + run.budget_stop["examples"], run.train_time + run.budget_stop["seconds"]
+        results["time_budget"] = {"budget_s": run.options.time_budget_s, **run.budget_stop, "examples_trained": examples,
+                                  "train_seconds": seconds, "train_examples_per_s": examples / max(seconds, 1e-9)}
+        run.show(f"{run.name}: time budget of {run.options.time_budget_s:g} s spent in epoch {run.budget_stop['epoch']} "
+                 f"after {run.budget_stop['steps_done']} of {run.budget_stop['steps_per_epoch']} steps "
+                 f"({run.budget_stop['examples_per_s']:.0f} examples/s)")
+    if run.history:
+        then = f"run again to resume from {run.checkpoint_path}"
+    elif run.checkpoint_path.exists():  # resume=False beside an older checkpoint, which is left as it was
+        then = (f"no epoch finished, so nothing was checkpointed; the next run resumes from the older "
+                f"{run.checkpoint_path} unless resume=False (hkt-train --no-resume)")
+    else:  # stopped (time budget, stop_after=0) before the first checkpoint: there is nothing to resume
+        then = "no epoch finished, so nothing was checkpointed and the next run starts afresh"
+    run.show(f"{run.name}: stopped after epoch {len(run.history)} of {run.train_config.epochs}; {then}")
+    results["examples_this_call"] = (run.n_seen - run.resumed_examples
+                                     + (run.budget_stop["examples"] if run.budget_stop else 0))
     return results

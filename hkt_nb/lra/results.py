@@ -56,7 +56,7 @@ def fetch_committed_results(results_dir,  # the folder to fill (created when mis
     Raises RuntimeError (`records_url`) when no address is known."""
     import json
 
-    from hkt_nb.lra.workspace import fetch_record
+    from hkt_nb.train.workspace import fetch_record
 
     def fetch(name):
         try:
@@ -112,7 +112,7 @@ def load_runs(results_dir,  # folder holding `<run>.json` records
     (`conforms_to_preset`, chapter 5): never a variant (`<task>-<model>-<preset>-<variant>-seed<k>`), nor a run of a
     preset that has changed since. Raises FileNotFoundError when `results_dir` is not a folder (a mistyped path
     is an error, not a grid of runs "not yet run") and ValueError for an unknown preset name."""
-    from hkt_nb.lra.records import UnreadableRecordError, read_record  # imports torch: only when records are read
+    from hkt_nb.train.records import UnreadableRecordError, read_record  # imports torch: only when records are read
     if preset is not None:
         from hkt_nb.lra.config import conforms_to_preset  # imports torch: only when one preset's runs are asked for
     runs = {}
@@ -135,7 +135,7 @@ def load_predictions(results_dir,  # folder holding the run records
     when the run recorded none (no `predictions_path`, or no file there). Read by `read_predictions` (chapter 5):
     raises UnreadableRecordError, a ValueError naming the file, when it is damaged, lacks an array, holds empty
     arrays, or its arrays' shapes differ or disagree with `n_test_evaluated`."""
-    from hkt_nb.lra.records import read_predictions
+    from hkt_nb.train.records import read_predictions
     relative = record.get("predictions_path")
     path = Path(results_dir) / relative if relative else None
     if path is None or not path.exists():
@@ -152,7 +152,7 @@ def copy_finished_runs(source_dir,  # a training folder's results/ (records, pre
     are skipped: the book's `results/` holds preset runs only, and so are unreadable records (with the warning of
     `load_runs`). Returns the names of the runs whose record changed. Raises FileNotFoundError when `source_dir` is
     not a folder."""
-    from hkt_nb.lra.checkpoints import atomic_write  # each file replaced atomically: a reader never sees half of one
+    from hkt_nb.train.checkpoints import atomic_write  # each file replaced atomically: a reader never sees half of one
 
     def copy(source: Path, dest: Path) -> None:
         with source.open("rb") as data:
@@ -550,7 +550,7 @@ def run_grid(results_dir,  # folder holding the run records
     on disk that `read_record`, chapter 5, rejects: never shown as a missing run) or 'not yet run'. Raises
     FileNotFoundError when `results_dir` is not a folder."""
     from hkt_nb.lra.config import get_preset
-    from hkt_nb.lra.records import UnreadableRecordError, read_predictions, read_record
+    from hkt_nb.train.records import UnreadableRecordError, read_predictions, read_record
     seeds = get_preset(preset).seeds if seeds is None else seeds
     folder, rows = _results_folder(results_dir), []
     for task, models in expected.items():

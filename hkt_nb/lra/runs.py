@@ -11,6 +11,8 @@ import math
 import os
 import shlex
 import sys
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,8 +22,8 @@ import torch.distributed as dist
 
 try:  # the [lra] extra: its absence is reported by `hkt-train` in one line, never as a traceback
     from hkt_nb._checks import check_bool, check_choice, check_device, check_int
+    from hkt_nb.lra import tasks as task_registry
     from hkt_nb.lra.benchmarks import absolute_path, load_task, make_dataloader, task_sizes
-    from hkt_nb.lra.checkpoints import RunLockedError, atomic_save
     from hkt_nb.lra.config import (
         AMP_MODES,
         ARMS,
@@ -38,29 +40,28 @@ try:  # the [lra] extra: its absence is reported by `hkt-train` in one line, nev
         run_name,
         split_keywords,
     )
-    from hkt_nb.lra.distributed import resolve_device
     from hkt_nb.lra.loop import evaluate, train
-    from hkt_nb.lra.records import UnreadableRecordError, read_record, save_predictions
     from hkt_nb.lra.tasks import get_task
-    from hkt_nb.lra.workspace import (  # noqa: F401 (FULL_TRAIN_SIZE, fetch_record, records_url: also read from here)
-        FULL_TRAIN_SIZE,
+    from hkt_nb.model import HKTClassifier, count_parameters
+    from hkt_nb.train.checkpoints import RunLockedError, atomic_save
+    from hkt_nb.train.distributed import resolve_device
+    from hkt_nb.train.records import UnreadableRecordError, read_record, save_predictions
+    from hkt_nb.train.workspace import (  # noqa: F401 (fetch_record, records_url: also read from here)
         _clone_root,
         default_results_dir,
-        estimate_seconds,
-        estimated_time,
         fetch_record,
         records_url,
     )
-    from hkt_nb.model import HKTClassifier, count_parameters
 except ImportError as error:  # a core-only install: the command line names the missing extra and stops
     if __name__ == "__main__" or Path((sys.argv or [""])[0]).stem == "hkt-train":
         raise SystemExit(f"hkt-train: {error}") from None
     raise  # a library import keeps the ImportError
 
 # %% auto #0
-__all__ = ['UNIFORM_MIX_TOLERANCE', 'SELECTION_RULES', 'shown_path', 'training_seconds', 'duration', 'finished_run',
-           'reusable_run', 'load_or_train', 'check_experiment_parameters', 'selection', 'mix_moves', 'Experiment',
-           'run_experiment', 'parse_args', 'resume_command', 'main', 'predict_run']
+__all__ = ['UNIFORM_MIX_TOLERANCE', 'SELECTION_RULES', 'FULL_TRAIN_SIZE', 'THROUGHPUT_PRESETS', 'shown_path', 'training_seconds',
+           'duration', 'finished_run', 'reusable_run', 'load_or_train', 'check_experiment_parameters', 'selection',
+           'mix_moves', 'Experiment', 'run_experiment', 'parse_args', 'resume_command', 'main', 'predict_run',
+           'estimate_seconds', 'estimated_time']
 
 # %% ../../nbs/05b_runs.ipynb #57ce0bdd
 def shown_path(path: str | os.PathLike) -> str:
@@ -602,6 +603,94 @@ def predict_run(
     record["predictions_path"] = str(Path("predictions") / f"{record['run']}.npz")
     atomic_save(record, results_path)
     return record
+
+# %% ../../nbs/05b_runs.ipynb #2b17e48a
+class _FullTrainSize(Mapping):
+    "task -> the size of its full training split (`Task.train_size`, chapter 4c), read from the task registry on every use."
+    def _sizes(self) -> dict:
+        return {name: task.train_size for name, task in task_registry.TASKS.items() if task.train_size}
+
+    def __getitem__(self, name): return self._sizes()[name]
+    def __iter__(self): return iter(self._sizes())
+    def __len__(self): return len(self._sizes())
+
+
+FULL_TRAIN_SIZE = _FullTrainSize()
+
+
+#: The CPU presets whose finished runs give the throughput of an estimate, the first with a record winning.
+THROUGHPUT_PRESETS = ("cpu", "cpu_small")
+
+
+def _recorded_throughput(task: str, model: str, results_dir) -> tuple[float, str] | None:
+    """(examples per second, preset name) of a finished run of task and model in `results_dir`, of the first preset of
+    `THROUGHPUT_PRESETS` that has one; a record that cannot be read is skipped with a UserWarning naming it (an
+    estimate never stops a run)."""
+    for name in THROUGHPUT_PRESETS:
+        for path in sorted(absolute_path(results_dir).glob(f"{task}-{model}-{name}-seed*.json")):
+            try:
+                record = read_record(path)
+            except (UnreadableRecordError, OSError) as error:
+                warnings.warn(f"time estimate: skipped {error}", stacklevel=2)
+                continue
+            if record.get("complete") and record.get("train_examples_per_s") and record.get("preset") == name:
+                return record["train_examples_per_s"], name
+    return None
+
+
+def estimate_seconds(
+    task: str,  # "listops", "imdb" or "scifar10"
+    model: str,  # an arm (`ARMS`)
+    preset: str | Preset,  # the preset to estimate
+    results_dir="results",  # where the finished CPU runs are (`THROUGHPUT_PRESETS`)
+) -> float | None:  # seconds, or None without a record
+    """Rough CPU training time of one run of `preset`, from the throughput recorded by a finished CPU run (`THROUGHPUT_PRESETS`) of the
+    same task and model, scaled by the ratio of parameter counts (cost per token grows with the weights), by the
+    ratio of sequence lengths (tokens per example: linear, while attention's scores grow as T^2, so a longer T than
+    the record's is under-estimated and a shorter one over-estimated) and by the number of examples seen. None when
+    no such record exists."""
+    preset = get_preset(preset)
+    recorded = _recorded_throughput(task, model, results_dir)
+    if recorded is None or task not in FULL_TRAIN_SIZE:
+        return None
+    throughput, recorded_preset = recorded
+    vocab_size, n_classes = task_sizes(task)
+    target = build_config(task, model, preset, vocab_size, n_classes)
+    source = build_config(task, model, get_preset(recorded_preset), vocab_size, n_classes)
+    ratio = count_parameters(target) / count_parameters(source) * target.max_len / source.max_len
+    train_config = preset.train_config(task)
+    n_train = min(train_config.n_train or FULL_TRAIN_SIZE[task], FULL_TRAIN_SIZE[task])
+    return train_config.epochs * n_train * ratio / throughput
+
+# %% ../../nbs/05b_runs.ipynb #c81e5f28
+def estimated_time(
+    task: str,  # "listops", "imdb" or "scifar10"
+    models,  # the models about to run
+    preset: str | Preset,
+    seeds,  # the seeds about to run
+    device: str,  # "auto", "cpu" or "cuda[:k]"
+    results_dir="results",  # where the finished CPU runs are (`THROUGHPUT_PRESETS`)
+) -> str:  # one line to print before training
+    """The estimated training time of the runs about to start on the detected device, from recorded throughput
+    (`estimate_seconds`: the finished CPU runs), or what is missing for an estimate. When the GPU-sized `paper`
+    preset is about to run on a CPU it also warns (UserWarning), with the same estimate in hours."""
+    preset = get_preset(preset)
+    target = torch.device("cuda" if str(device) != "cpu" and torch.cuda.is_available() else "cpu")
+    n_runs = len(models) * len(seeds)
+    if target.type != "cpu":
+        return (f"estimated time on {target}: no GPU throughput is recorded yet (`make gpu-check` records one); the "
+                f"{n_runs} run(s) of preset {preset.name!r} are sized for one GPU")
+    estimates = [estimate_seconds(task, model, preset, results_dir) for model in models]
+    total = None if None in estimates else sum(estimates) * len(seeds)
+    if preset.name == "paper":
+        hours = "many hours" if total is None else f"about {total / 3600:,.0f} hours"
+        warnings.warn(f"the 'paper' preset is sized for a GPU; on this CPU {n_runs} run(s) of {task} would take "
+                      f"{hours} (from the throughput of the recorded CPU runs)", stacklevel=2)
+    if total is None:
+        return f"estimated time on this CPU: unknown (no finished run of a CPU preset {THROUGHPUT_PRESETS} of {task} in {results_dir})"
+    span = f"{total:.0f} s" if total < 120 else f"{total / 60:.0f} min" if total < 7200 else f"{total / 3600:,.0f} h"
+    return (f"estimated time on this CPU: about {span} for {n_runs} run(s) of preset {preset.name!r} (from the "
+            f"throughput of the recorded CPU runs; finished runs are loaded instead)")
 
 # %% ../../nbs/05b_runs.ipynb #2d3cdbf0
 if __name__ == "__main__" and "__file__" in globals():  # `python -m hkt_nb.lra.runs`, not a notebook kernel

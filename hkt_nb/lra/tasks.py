@@ -12,23 +12,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Callable
 
+from .._checks import check_bool
 from .listops import LISTOPS_SETTINGS
 from .tokenize import BYTE_VOCAB_SIZE, LISTOPS_VOCAB, tokenise_ids, tokenise_image, tokenise_listops, tokenise_text
 
-
-def _benchmarks(name: str) -> Callable:
-    """The function `name` of `hkt_nb.lra.benchmarks`, imported when first called: the registry itself (and so
-    `hkt_nb.lra.config`, run names and presets) needs no torch."""
-    def call(*args, **kwargs):
-        from hkt_nb.lra import benchmarks
-        return getattr(benchmarks, name)(*args, **kwargs)
-    call.__name__ = call.__qualname__ = name
-    return call
-
-
 # %% auto #0
 __all__ = ['TASKS', 'SEEDS', 'BENCHMARKS', 'Task', 'UnknownTaskError', 'get_task', 'register_task', 'unregister_task',
-           'registered', 'TaskTable', 'chapters', 'experiment_plan', 'main']
+           'registered', 'TaskTable', 'chapters', 'experiment_plan', 'main', 'listops_check', 'listops_source',
+           'scifar10_check']
 
 # %% ../../nbs/04c_tasks.ipynb #3dd2cbc5
 _NAME = re.compile(r"[a-z][a-z0-9_]*\Z")  # run names are "<task>-<model>-<preset>-seed<k>": no "-" in a task name
@@ -41,7 +32,7 @@ class Task:
     n_classes: int | None  # K; None: read off the training split's labels (the synthetic task)
     vocab_size: int | None  # token ids 0 .. vocab_size - 1, 0 = padding; None: read off the data
     seq_len: int  # T, the paper's sequence length
-    load: Callable  # (task, *, sizes, caps, seed, cache_root, data_dir, **options) -> {split: raw Dataset}
+    load: Callable | str  # (task, *, sizes, caps, seed, cache_root, data_dir, **options) -> {split: raw Dataset}; or a loader's name in hkt_nb.lra.benchmarks
     tokenise: Callable  # (batch, **options) -> {"input_ids": [ids per row], "label": [...]}, untruncated
     options: dict = field(default_factory=dict)  # the task's own keyword arguments of load_benchmark, with defaults
     check: Callable | None = None  # (task, seq_len, **options) -> T: checks the options; None: seq_len or T
@@ -69,8 +60,10 @@ class Task:
         if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 1:
             raise ValueError(f"seq_len must be an int >= 1, got {self.seq_len!r}")
         for name in ("load", "tokenise"):
-            if not callable(getattr(self, name)):
-                raise TypeError(f"{name} must be a function, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not (callable(value) or (name == "load" and isinstance(value, str))):
+                raise TypeError(f"{name} must be a function, got {value!r}"
+                                + (" (or the name of a loader of hkt_nb.lra.benchmarks)" if name == "load" else ""))
         if not all(isinstance(k, str) and isinstance(v, dict) for k, v in self.sizes.items()):
             raise TypeError(f"sizes must map preset names to dicts of TrainConfig fields, got {self.sizes!r}")
         object.__setattr__(self, "models", tuple(self.models))
@@ -214,11 +207,34 @@ def main(argv: list[str] | None = None) -> None:
     else:
         raise SystemExit(f"{usage} (got {command[0]!r})")
 
+# %% ../../nbs/04c_tasks.ipynb #4c0a7c02
+def listops_check(task, seq_len: int | None, setting: str = "paper") -> int:
+    """T of ListOps: `seq_len`, else the setting's (`LISTOPS_SETTINGS`: 512 "paper", 128 "short", 2000 "lra").
+    Raises ValueError naming `setting` (unknown) or `seq_len` (shorter than the setting's longest expression)."""
+    if not isinstance(setting, str) or setting not in LISTOPS_SETTINGS:
+        raise ValueError(f"setting: unknown ListOps setting {setting!r}; expected one of {sorted(LISTOPS_SETTINGS)}")
+    longest = LISTOPS_SETTINGS[setting]["max_length"] - 1
+    if seq_len is not None and seq_len < longest:
+        raise ValueError(f"seq_len={seq_len} would cut ListOps expressions of setting {setting!r} (up to {longest} "
+                         f"tokens), and a cut expression no longer determines its label; use seq_len >= {longest}")
+    return seq_len or LISTOPS_SETTINGS[setting]["seq_len"]
+
+
+def listops_source(task, data_dir, setting: str = "paper") -> dict:
+    "What the tokenised cache of generated ListOps depends on: the generator parameters of `setting`."
+    return LISTOPS_SETTINGS[setting]
+
+
+def scifar10_check(task, seq_len: int | None, rgb: bool = False) -> int:
+    "T of sequential CIFAR-10: `seq_len`, else 1,024 pixels (3,072 with `rgb`). Raises TypeError naming `rgb`."
+    check_bool("rgb", rgb)
+    return seq_len or (3 if rgb else 1) * task.seq_len
+
 # %% ../../nbs/04c_tasks.ipynb #749eeb92
 register_task(Task(
     "listops", n_classes=10, vocab_size=len(LISTOPS_VOCAB), seq_len=LISTOPS_SETTINGS["paper"]["seq_len"],
-    load=_benchmarks("listops_splits"), tokenise=tokenise_listops, options={"setting": "paper"}, check=_benchmarks("listops_check"),
-    source=_benchmarks("listops_source"), unit="expressions",
+    load="listops_splits", tokenise=tokenise_listops, options={"setting": "paper"}, check=listops_check,
+    source=listops_source, unit="expressions",
     sizes={"cpu": {"task_options": {"setting": "short"}, "n_train": 40_000, "epochs": 5}, "cpu_small": {"n_train": 6000}},
     train_size=LISTOPS_SETTINGS["paper"]["n_train"],
     models=("hkt", "mha", "hkt_l1", "hkt_l2"),
@@ -230,7 +246,7 @@ register_task(Task(
 
 register_task(Task(
     "scifar10", n_classes=10, vocab_size=BYTE_VOCAB_SIZE, seq_len=1024,
-    load=_benchmarks("cifar10_splits"), tokenise=tokenise_image, options={"rgb": False}, check=_benchmarks("scifar10_check"),
+    load="cifar10_splits", tokenise=tokenise_image, options={"rgb": False}, check=scifar10_check,
     hub="uoft-cs/cifar10", unit="images",
     sizes={"cpu": {"n_train": 45_000, "epochs": 1}, "cpu_small": {"n_train": 2500, "epochs": 4},
            "paper": {"epochs": 100, "batch_size": 64, "lr": 1e-3}},
@@ -240,7 +256,7 @@ register_task(Task(
 
 register_task(Task(
     "imdb", n_classes=2, vocab_size=BYTE_VOCAB_SIZE, seq_len=1024,
-    load=_benchmarks("imdb_splits"), tokenise=tokenise_text, hub="stanfordnlp/imdb", unit="reviews",
+    load="imdb_splits", tokenise=tokenise_text, hub="stanfordnlp/imdb", unit="reviews",
     sizes={"cpu": {"n_train": 22_500, "epochs": 2, "n_test": 10_000}, "cpu_small": {"n_train": 2500, "epochs": 4},
            "paper": {"epochs": 32}},
     train_size=22_500, models=("hkt", "mha"), paper={"hkt": (70.19, 0.57), "mha": (62.72, 0.40)},
@@ -248,7 +264,7 @@ register_task(Task(
     chapter="08_imdb", title="IMDB characters"))
 
 register_task(Task(
-    "synthetic", n_classes=None, vocab_size=None, seq_len=64, load=_benchmarks("synthetic_splits"), tokenise=tokenise_ids,
+    "synthetic", n_classes=None, vocab_size=None, seq_len=64, load="synthetic_splits", tokenise=tokenise_ids,
     title="a synthetic task for tests of the loop (no chapter)"))
 
 # %% ../../nbs/04c_tasks.ipynb #5aeedd42

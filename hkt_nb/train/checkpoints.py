@@ -10,20 +10,14 @@ import json
 import os
 import random
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
-
-from ..model import ClassifierConfig
-from .benchmarks import absolute_path
-from .config import EXECUTION_ONLY_FIELDS, RESULTS_VERSION, RESULTS_VERSIONS, run_identity
 
 # %% auto #0
 __all__ = ['seed_everything', 'rng_state', 'set_rng_state', 'atomic_write', 'atomic_save', 'writable_folder', 'RunLockedError',
-           'run_lock', 'lock_run', 'fingerprint', 'save_checkpoint', 'restore']
+           'run_lock', 'lock_run', 'read_checkpoint']
 
 # %% ../../nbs/05d_checkpoints.ipynb #bee55233
 def seed_everything(seed: int) -> None:
@@ -161,54 +155,21 @@ def run_lock(path: Path, name: str):
 
 
 # %% ../../nbs/05d_checkpoints.ipynb #f1c2e9f6
-def lock_run(spec, options):
-    """The lock of the run `spec` (a `RunSpec`) writes under `options.results_dir`: `run_lock` on
-    `<results_dir>/checkpoints/<run>.lock` on rank 0 (`$RANK`, as torchrun sets it), nothing on the other ranks.
-    Raises ValueError when the results folder cannot be written, and (on entering) RunLockedError when another live
-    process trains the same run into the same folder."""
+def lock_run(
+    name: str,  # the run's name (its results JSON is <results_dir>/<name>.json)
+    results_dir,  # the results folder the run writes to
+):  # a context manager
+    """The lock of the run `name` that writes under `results_dir`: `run_lock` on `<results_dir>/checkpoints/<name>.lock`
+    on rank 0 (`$RANK`, as torchrun sets it), nothing on the other ranks. Raises ValueError when the results folder
+    cannot be written, and (on entering) RunLockedError when another live process trains the same run into the same
+    folder."""
     if int(os.environ.get("RANK", "0")) != 0:
         return contextlib.nullcontext()
-    name, _ = run_identity(spec.resolved())
-    folder = writable_folder(absolute_path(options.results_dir), "results_dir")
+    folder = writable_folder(Path(results_dir).expanduser().resolve(), "results_dir")
     return run_lock(folder / "checkpoints" / f"{name}.lock", name)
 
-# %% ../../nbs/05d_checkpoints.ipynb #1fe91a76
-def fingerprint(run) -> dict:
-    """What a checkpoint must match to be resumed: the run's identity, `RESULTS_VERSION` (a checkpoint of another
-    version selected its best model otherwise), configurations and split sizes (as JSON)."""
-    spec = run.spec
-    identity = {"task": spec.task, "model": spec.model, "preset": spec.preset.name, "seed": spec.seed,
-                "results_version": RESULTS_VERSION,
-                "world_size": run.world, "model_config": run.model_config.to_dict(),
-                "train_config": asdict(run.train_config), "n": {s: len(d) for s, d in run.splits.items()}}
-    return json.loads(json.dumps(identity))  # tuples -> lists, as they come back from disk
-
-
-def save_checkpoint(run, epoch: int) -> None:
-    "Step 5: everything the rest of the run depends on, written atomically by rank 0 (random states of all ranks)."
-    states = [rng_state()]
-    if run.world > 1:
-        states = [None] * run.world
-        dist.all_gather_object(states, rng_state())
-    if run.rank == 0:
-        atomic_save({"fingerprint": fingerprint(run), "epoch": epoch + 1, "model": run.model.state_dict(),
-                     "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
-                     "scaler": run.scaler.state_dict(), "rng": states, "history": run.history, "best": run.best,
-                     "train_time_s": run.train_time, "train_examples": run.n_seen}, run.checkpoint_path)
-    if run.world > 1:
-        dist.barrier()
-
-# %% ../../nbs/05d_checkpoints.ipynb #142c9440
-def _comparable(identity: dict) -> dict:
-    """A fingerprint without the execution-only fields (workers, pinned memory, compilation: they never block a
-    resume), its model configuration read through `ClassifierConfig.from_dict` (a checkpoint of the flat form resumes)."""
-    train_config = {k: v for k, v in identity.get("train_config", {}).items() if k not in EXECUTION_ONLY_FIELDS}
-    model_config = json.loads(json.dumps(ClassifierConfig.from_dict(identity["model_config"]).to_dict()))
-    return {**identity, "train_config": train_config, "model_config": model_config,
-            "results_version": identity.get("results_version", 1)}
-
-
-def _read_checkpoint(path: Path, device) -> dict:
+# %% ../../nbs/05d_checkpoints.ipynb #c3a1e9f0
+def read_checkpoint(path: Path, device) -> dict:
     "Load a checkpoint with `weights_only=True`; a damaged file raises a RuntimeError naming it and the way out."
     try:
         return torch.load(path, map_location=device, weights_only=True)
@@ -217,30 +178,3 @@ def _read_checkpoint(path: Path, device) -> dict:
                            "an interrupted copy. Delete it, or start afresh with resume=False (hkt-train --no-resume)"
                            ) from None
 
-
-def restore(run) -> None:
-    """Step 2: continue from the last finished epoch of the checkpoint, if there is one, resuming is on and it
-    belongs to exactly this configuration (else ValueError naming what differs)."""
-    path = run.checkpoint_path
-    if not (run.options.resume and path.exists()):
-        return
-    checkpoint = _read_checkpoint(path, run.device)
-    expected, stored = _comparable(fingerprint(run)), _comparable(checkpoint["fingerprint"])
-    if stored["results_version"] != expected["results_version"]:
-        raise ValueError(f"checkpoint {path} was written under results version {stored['results_version']} (this "
-                         f"library: {expected['results_version']}: {RESULTS_VERSIONS[expected['results_version']]}); "
-                         "it cannot be continued: start afresh with resume=False (hkt-train --no-resume), or give "
-                         "this run another checkpoint folder (--checkpoint-dir) to keep it")
-    if stored != expected:
-        differ = sorted(k for k in expected if stored.get(k) != expected[k])
-        raise ValueError(f"checkpoint {path} belongs to a different configuration (differs in {differ}): another "
-                         "run's checkpoint; give this run another checkpoint folder (checkpoint_dir=, hkt-train "
-                         "--checkpoint-dir), or delete the file if that run is abandoned (resume=False would "
-                         "overwrite it)")
-    run.model.load_state_dict(checkpoint["model"]); run.optimizer.load_state_dict(checkpoint["optimizer"])
-    run.scheduler.load_state_dict(checkpoint["scheduler"]); run.scaler.load_state_dict(checkpoint["scaler"])
-    set_rng_state(checkpoint["rng"][run.rank])
-    run.history, run.best, run.start_epoch = checkpoint["history"], checkpoint["best"], checkpoint["epoch"]
-    run.train_time, run.n_seen = checkpoint["train_time_s"], checkpoint["train_examples"]
-    run.resumed_examples = run.n_seen
-    run.show(f"{run.name}: resumed from {path} after epoch {run.start_epoch}")

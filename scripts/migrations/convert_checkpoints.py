@@ -2,8 +2,8 @@
 `HKTClassifier.from_checkpoint`), into pretrained folders `results/pretrained/<run>/` (config.json,
 model.safetensors, README.md with the card from `results/<run>.json`; chapter 3a).
 
-    python scripts/convert_checkpoints.py            # convert; folders already up to date are left alone
-    python scripts/convert_checkpoints.py --check    # write nothing; exit 1 when a folder is missing or differs
+    python scripts/migrations/convert_checkpoints.py            # convert; folders already up to date are left alone
+    python scripts/migrations/convert_checkpoints.py --check    # write nothing; exit 1 when a folder is missing or differs
 
 Only the `<run>.pt` files are converted, not the per-run folders `checkpoints/<run>/last.pt` of runs in progress.
 Each folder is written to a temporary folder first and kept only when the model it loads (`from_pretrained`) has
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import json
 import shutil
 import sys
 import tempfile
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hkt_nb.model import HKTClassifier  # noqa: E402
@@ -57,10 +58,23 @@ def same_model(reference: HKTClassifier, folder: Path) -> str | None:
     return None
 
 
+def _same_config(a: Path, b: Path) -> bool:
+    "The two config.json files hold the same config; the record of the weights' size and hash (FILES_KEY), which"
+    " folders saved before it lack, is left out."
+    from hkt_nb.pretrained import FILES_KEY
+
+    def read(path):
+        return {k: v for k, v in json.loads(path.read_text()).items() if k != FILES_KEY}
+    return read(a) == read(b)
+
+
 def same_files(a: Path, b: Path) -> bool:
-    "Both folders hold the conversion's files, byte for byte equal."
-    return all((a / name).is_file() and (b / name).is_file() and filecmp.cmp(a / name, b / name, shallow=False)
-               for name in FILES)
+    "Both folders hold the conversion's files, equal byte for byte (the config: as `_same_config` compares it)."
+    def same(name):
+        if not ((a / name).is_file() and (b / name).is_file()):
+            return False
+        return _same_config(a / name, b / name) if name == "config.json" else filecmp.cmp(a / name, b / name, shallow=False)
+    return all(same(name) for name in FILES)
 
 
 def convert(checkpoint: Path, results_dir: Path, out_dir: Path, check_only: bool = False) -> str:
@@ -108,7 +122,7 @@ def main(argv=None) -> int:
         if status in ("missing", "differs"):
             bad.append(checkpoint.stem)
     if bad:
-        print(f"ERROR: {len(bad)} pretrained folder(s) missing or out of date: run python scripts/convert_checkpoints.py")
+        print(f"ERROR: {len(bad)} pretrained folder(s) missing or out of date: run python scripts/migrations/convert_checkpoints.py")
         return 1
     print(f"{len(checkpoints)} checkpoint(s): every pretrained folder in {out_dir} loads the same model")
     return 0

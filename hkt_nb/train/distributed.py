@@ -13,15 +13,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DistributedSampler, Sampler
+from torch.utils.data import Sampler
 
 from .._checks import check_device
-from .benchmarks import make_dataloader
-from .config import TrainConfig
 
 # %% auto #0
 __all__ = ['resolve_device', 'amp_dtype', 'execution_settings', 'setup_distributed', 'all_reduce_sum', 'out_of_time',
-           'ShardSampler', 'gather_predictions', 'wrap', 'make_loaders']
+           'ShardSampler', 'gather_predictions', 'wrap']
 
 # %% ../../nbs/05c_distributed.ipynb #8eff3a21
 def resolve_device(device: str = "auto") -> torch.device:
@@ -58,7 +56,7 @@ def amp_dtype(
 
 # %% ../../nbs/05c_distributed.ipynb #ea31cf71
 def execution_settings(
-    train_config: TrainConfig,  # its `num_workers`, `pin_memory` and `compile` (None = automatic)
+    train_config,  # its `num_workers`, `pin_memory` and `compile` (None = automatic): a `TrainConfig` (chapter 5)
     device: torch.device,  # the run's device
     world: int = 1,  # processes sharing this machine
 ) -> dict:  # {"num_workers": int, "pin_memory": bool, "compile": bool}
@@ -130,7 +128,7 @@ def gather_predictions(local: np.ndarray, n: int, rank: int, world: int) -> np.n
     return out
 
 # %% ../../nbs/05c_distributed.ipynb #7926a5e9
-def wrap(model: nn.Module, train_config: TrainConfig, device: torch.device, world: int) -> nn.Module:
+def wrap(model: nn.Module, train_config, device: torch.device, world: int) -> nn.Module:
     """The network a run trains: `model` compiled in place where `execution_settings` says so (its state_dict keys
     stay those of the eager model), inside `DistributedDataParallel` when `world` > 1 (else `model` itself)."""
     if execution_settings(train_config, device, world)["compile"]:
@@ -139,17 +137,3 @@ def wrap(model: nn.Module, train_config: TrainConfig, device: torch.device, worl
         return model
     return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
-
-def make_loaders(splits: dict, train_config: TrainConfig, seed: int, rank: int, world: int, max_length: int,
-                 device: torch.device = torch.device("cpu")) -> dict:
-    "Training batches (shuffled per epoch by `DistributedSampler`) and strided validation / test shards."
-    per_process = train_config.batch_size // world
-    eval_batch = (train_config.eval_batch_size or 2 * train_config.batch_size) // world or 1
-    settings = execution_settings(train_config, device, world)
-    io = dict(max_length=max_length, num_workers=settings["num_workers"], pin_memory=settings["pin_memory"],
-              persistent_workers=settings["num_workers"] > 0)
-    sampler = DistributedSampler(splits["train"], num_replicas=world, rank=rank, shuffle=True, seed=seed)
-    loaders = {"train": make_dataloader(splits["train"], per_process, sampler=sampler, **io)}
-    for split in ("validation", "test"):
-        loaders[split] = make_dataloader(splits[split], eval_batch, sampler=ShardSampler(len(splits[split]), rank, world), **io)
-    return loaders

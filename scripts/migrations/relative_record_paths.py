@@ -1,6 +1,6 @@
 """Rewrite absolute paths in run records (results/*.json) as paths relative to the results folder.
 
-    python scripts/relative_record_paths.py [results]
+    python scripts/migrations/relative_record_paths.py [results]
 
 Runs recorded before records held relative paths stored `checkpoint_dir` as an absolute path of the machine that
 ran them; this turns it into the relative form the training loop now writes. Idempotent.

@@ -1,7 +1,7 @@
 """Rename a preset's committed results: every file and folder it produced, and the names recorded inside them.
 
-    python scripts/rename_preset.py OLD NEW [--results results] [--dry-run]
-    python scripts/rename_preset.py cpu cpu_small      # what was done when the first `cpu` preset became `cpu_small`
+    python scripts/migrations/rename_preset.py OLD NEW [--results results] [--dry-run]
+    python scripts/migrations/rename_preset.py cpu cpu_small      # what was done when the first `cpu` preset became `cpu_small`
 
 A preset's runs are named `<task>-<model>-<preset>-seed<k>` (`run_name`, chapter 5) and its trivial baselines
 `baselines/<task>-<preset>.json` (chapter 4d). When a preset is redefined under its old name, its new runs would
@@ -21,7 +21,7 @@ everything back with the library's own readers (`check`): each record is a finis
 predictions give its test accuracy, its checkpoint and pretrained folder load the same weights, and the baselines
 load and match their predictions.
 
-    python scripts/rename_preset.py cpu cpu_small --check   # the checks only
+    python scripts/migrations/rename_preset.py cpu cpu_small --check   # the checks only
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SKIPPED = ("lm/", "pilot/")  # other modules' runs (their own presets), relative to the results folder
 
 

@@ -1,6 +1,6 @@
 """Keep the finished runs of a preset whose definition has changed, under the variant names they have today.
 
-    python scripts/supersede_runs.py --preset cpu --task listops [--dry-run]
+    python scripts/migrations/supersede_runs.py --preset cpu --task listops [--dry-run]
 
 When a preset's size for a task changes (the pilot of chapter 5g chose another setting), the committed runs of the
 old size no longer conform to the preset (`conforms_to_preset`, chapter 5) and the queue would train the new ones
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # this checkout's hkt_nb, not another installed copy
     sys.path.insert(0, str(ROOT))
 

@@ -1,0 +1,1 @@
+"""The training core shared by every training of the book: the optimiser and its schedule (`optim`), devices, precision and processes (`distributed`), seeds, atomic files, checkpoints and the run lock (`checkpoints`), what a record holds and how it is read back (`records`), and where runs live (`workspace`). It imports no benchmark module (`hkt_nb.lra`)."""
