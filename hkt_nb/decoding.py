@@ -64,6 +64,11 @@ class GrowingBuffer:
         return self._data
 
 # %% ../nbs/02b_decoding.ipynb #599c9db0
+def _parameter_state(layer: nn.Module) -> tuple:
+    "(name, dtype, device, storage, in-place version) of each parameter: what a cache's entries were computed with."
+    return tuple((name, p.dtype, p.device, p.data_ptr(), p._version) for name, p in layer.named_parameters())
+
+
 def _static(*tensors: torch.Tensor) -> None:
     "Mark tensors that live as long as the cache as static inputs of a compiled step (no copy per CUDA-graph replay)."
     for t in tensors:
@@ -85,6 +90,7 @@ class KVCache:
         p = layer.out_proj.weight
         lead, rows = (batch_size, layer.n_heads), capacity or 16
         self.batch_size, self.capacity, self._layer, self._n = batch_size, capacity, weakref.ref(layer), 0
+        self.dtype, self.device, self._parameters = p.dtype, p.device, _parameter_state(layer)  # what it is computed with
         self.keys = GrowingBuffer(lead, layer.head_dim, p.dtype, p.device, rows, capacity is not None)
         self.values = GrowingBuffer(lead, layer.head_dim, p.dtype, p.device, rows, capacity is not None)
         if capacity is not None:
@@ -198,6 +204,7 @@ class HKTCache:
         p = layer.out_proj.weight
         B, H, d, D, L, s = batch_size, layer.n_heads, layer.head_dim, layer.d_model, layer.n_levels, layer.stride
         self.batch_size, self.capacity, self._layer, self._n = B, capacity, weakref.ref(layer), 0
+        self.dtype, self.device, self._parameters = p.dtype, p.device, _parameter_state(layer)  # what it is computed with
         self.offset, fixed = layer.conv_kernel_size - 1, capacity is not None
         rows = self.offset + (capacity or 16)
         self.keys = p.new_zeros(B, H, L * d, rows)
@@ -286,10 +293,28 @@ def layer_cache(
     return cache_cls(layer, batch_size, capacity=check_int("capacity", capacity, 1))
 
 # %% ../nbs/02b_decoding.ipynb #90a56533
+def _check_parameters(layer: nn.Module, cache) -> None:
+    """ValueError naming what changed since `cache` was made: the layer's dtype or device (`.double()`, `.to(...)`),
+    or its parameters' values (an in-place edit, `load_state_dict`, an optimiser step), which leave what the cache
+    holds (keys, values, an HKT cache's folded maps) stale. Checked in eager mode (`step`, `prefill`)."""
+    p = layer.out_proj.weight
+    if (p.dtype, p.device) != (cache.dtype, cache.device):
+        raise ValueError(f"the cache was made in {cache.dtype} on {cache.device}, the layer is now {p.dtype} on "
+                         f"{p.device}: make a new cache with layer_cache(layer, batch_size) after moving the layer")
+    state = _parameter_state(layer)
+    if state != cache._parameters:
+        changed = [now[0] for now, then in zip(state, cache._parameters) if now != then]
+        raise ValueError(f"the layer's parameters changed since this cache was made ({', '.join(changed)}: an in-place "
+                         "edit, load_state_dict or an optimiser step), so what it holds is stale: make a new cache with "
+                         "layer_cache(layer, batch_size) and prefill it again")
+
+
 def _check_step_inputs(layer, x, cache, single: bool) -> None:
-    "Errors naming the argument: the wrong cache, batch size, length, dtype or width, dropout in training, a full cache."
+    """Errors naming the argument: the wrong cache, batch size, length, dtype or width, dropout in training, a full
+    cache, a layer whose dtype, device or parameters changed since the cache was filled (`_check_parameters`)."""
     if not isinstance(cache, (HKTCache, KVCache)) or cache._layer() is not layer:
         raise ValueError("cache must be made by layer_cache(layer, batch_size) for this very layer")
+    _check_parameters(layer, cache)
     attention.check_attention_inputs(x, None, layer.d_model, layer.out_proj.weight.dtype)
     if x.shape[0] != cache.batch_size:
         raise ValueError(f"x has batch size {x.shape[0]}, but the cache was made for batch_size={cache.batch_size}")

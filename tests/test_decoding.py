@@ -324,3 +324,60 @@ def test_reduce_overhead_compiled_step_does_not_recompile(randomise, one_thread)
     out, graphs = compiled_decoding(layer, x, 205, mode="reduce-overhead")
     assert graphs == 1
     torch.testing.assert_close(out, layer(x), rtol=0, atol=1e-12)
+
+
+# --- a cache remembers what it was computed with (issue 35, item 6) --------------------------------------------------
+
+def _filled(randomise, make, capacity=None):
+    "A causal layer (float64), its cache prefilled with 5 positions, and the next token."
+    layer = hkt(randomise, 3, 2, None) if make == "hkt" else randomise(
+        MultiHeadAttention(16, 4, causal=True).double()).eval()
+    cache = layer_cache(layer, 2, capacity=capacity)
+    prefill(layer, torch.randn(2, 5, 16, dtype=torch.float64), cache)
+    return layer, cache, torch.randn(2, 1, 16, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("make", ["hkt", "mha"])
+@pytest.mark.parametrize("capacity", [None, 12])
+@pytest.mark.parametrize("change", ["float", "bfloat16"])
+def test_a_cache_refuses_a_layer_moved_to_another_dtype(randomise, make, capacity, change):
+    layer, cache, x = _filled(randomise, make, capacity)
+    getattr(layer, change)()
+    for fn, arg in ((step, x), (prefill, torch.randn(2, 3, 16))):
+        with pytest.raises(ValueError, match=r"the cache was made in torch.float64 on cpu, the layer is now torch\."):
+            fn(layer, arg.to(layer.out_proj.weight.dtype), cache)
+
+
+@pytest.mark.parametrize("make", ["hkt", "mha"])
+@pytest.mark.parametrize("how", ["in place", "load_state_dict", "optimiser step"])
+def test_a_cache_refuses_parameters_changed_after_it_was_filled(randomise, make, how):
+    layer, cache, x = _filled(randomise, make)
+    if how == "in place":
+        with torch.no_grad():
+            layer.out_proj.weight.mul_(1.5)
+    elif how == "load_state_dict":
+        layer.load_state_dict({k: v + 0.1 for k, v in layer.state_dict().items()})
+    else:
+        layer.train()
+        opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+        layer(torch.randn(2, 6, 16, dtype=torch.float64)).sum().backward()
+        opt.step()
+        layer.eval()
+    with pytest.raises(ValueError, match="parameters changed since this cache was made .*out_proj.weight"):
+        step(layer, x, cache)
+
+
+@pytest.mark.parametrize("make", ["hkt", "mha"])
+def test_a_cache_is_tied_to_the_parameters_it_was_made_with(randomise, make):
+    "An HKT cache holds the layer's folded maps from the start: a change even before the first prefill is refused."
+    layer = hkt(randomise, 3, 2, None) if make == "hkt" else randomise(
+        MultiHeadAttention(16, 4, causal=True).double()).eval()
+    cache = layer_cache(layer, 1)
+    with torch.no_grad():
+        layer.out_proj.weight.mul_(0.5)
+    x = torch.randn(1, 9, 16, dtype=torch.float64)
+    with pytest.raises(ValueError, match="parameters changed since this cache was made"):
+        prefill(layer, x[:, :4], cache)
+    cache = layer_cache(layer, 1)  # a new cache: exact again
+    out = torch.cat([prefill(layer, x[:, :4], cache)] + [step(layer, x[:, t:t + 1], cache) for t in range(4, 9)], 1)
+    torch.testing.assert_close(out, layer(x), rtol=0, atol=1e-12)

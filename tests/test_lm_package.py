@@ -6,6 +6,7 @@ package reaches `hkt_nb.lra` only through its marked, redirectable imports."""
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,7 +20,9 @@ from hkt_nb.lm import (
     LMConfig,
     LMTrainConfig,
     SlidingWindowAttention,
+    default_decoder,
     eval_windows,
+    generate,
     lm_pretrained_dir,
     lr_at,
     sequence_bits_per_byte,
@@ -240,3 +243,70 @@ def test_a_second_process_on_the_same_run_is_refused(tmp_path):
         with pytest.raises(RunLockedError, match=name):
             lm.run_lm(["mha"], "smoke", results_dir=tmp_path, data=(b"x" * 500, b"y" * 500), log=None)
     assert not (tmp_path / f"{name}.json").exists()
+
+
+# --- generation's arguments (issue 35, item 6): every sampling argument, every prompt dtype, the mode restored -------
+
+def _tiny_lm():
+    torch.manual_seed(0)
+    return _perturbed(LMConfig(d_model=16, n_heads=2, n_layers=1, max_len=32))
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 5e-324, 1e-300])
+def test_a_temperature_that_overflows_is_greedy(temperature, one_thread):
+    model, prompt = _tiny_lm(), torch.tensor([[65, 66, 67]])
+    greedy = generate(model, prompt, 6, temperature=0.0)
+    assert torch.equal(generate(model, prompt, 6, temperature=temperature), greedy)
+    assert torch.equal(generate(model, prompt, 6, temperature=temperature, top_k=3), greedy)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64])
+def test_any_integer_prompt_dtype_gives_the_same_bytes(dtype, one_thread):
+    model, prompt = _tiny_lm(), torch.tensor([[65, 66, 67]])
+    out = generate(model, prompt.to(dtype), 5, temperature=0.0)
+    assert out.dtype == torch.int64 and torch.equal(out, generate(model, prompt, 5, temperature=0.0))
+
+
+@pytest.mark.parametrize("bad, error, words", [
+    (torch.tensor([[1.0, 2.0]]), TypeError, "integer byte ids"),
+    (torch.tensor([[True, False]]), TypeError, "integer byte ids"),
+    (torch.tensor([1, 2]), TypeError, "(B, T0)"),
+    (torch.zeros(1, 0, dtype=torch.long), TypeError, "(B, T0)"),
+    (torch.tensor([[1, 256]]), ValueError, "ids in [0, 256)"),
+    (torch.tensor([[-1, 2]], dtype=torch.int16), ValueError, "ids in [0, 256)"),
+])
+def test_a_bad_prompt_is_named(bad, error, words, one_thread):
+    with pytest.raises(error, match=re.escape(words)):
+        generate(_tiny_lm(), bad, 2)
+
+
+class _Interrupting:
+    "A decoder whose step raises: generate must give the model its mode back."
+    def __init__(self, model, exc):
+        self.inner, self.exc = default_decoder(model), exc
+
+    def prefill(self, idx):
+        return self.inner.prefill(idx)
+
+    def step(self, idx, token):
+        raise self.exc
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), RuntimeError("boom")])
+def test_generate_restores_the_train_mode_after_an_error(exc, one_thread):
+    model = _tiny_lm().train()
+    with pytest.raises(type(exc)):
+        generate(model, torch.tensor([[65, 66]]), 4, decoder=_Interrupting(model, exc))
+    assert model.training
+    model.eval()
+    with pytest.raises(type(exc)):
+        generate(model, torch.tensor([[65, 66]]), 4, decoder=_Interrupting(model, exc))
+    assert not model.training
+
+
+def test_non_finite_logits_are_named_not_sampled(one_thread):
+    model = _tiny_lm()
+    with torch.no_grad():
+        model.head.weight.fill_(float("nan"))
+    with pytest.raises(ValueError, match="non-finite logits"):
+        generate(model, torch.tensor([[65]]), 2)

@@ -18,7 +18,8 @@ from ..model import check_input_ids
 from .model import ByteLM, SlidingWindowAttention
 
 # %% auto #0
-__all__ = ['RecomputeDecoder', 'generate', 'generation_ms_per_token', 'WindowKVCache', 'CachedDecoder', 'default_decoder']
+__all__ = ['RecomputeDecoder', 'generate', 'check_prompt', 'generation_ms_per_token', 'WindowKVCache', 'CachedDecoder',
+           'default_decoder']
 
 # %% ../../nbs/15c_lm_generation.ipynb #9a61e7e7
 class RecomputeDecoder:
@@ -39,9 +40,9 @@ class RecomputeDecoder:
 @torch.no_grad()
 def generate(
     model: ByteLM,  # the language model (put in eval mode for the call)
-    idx: torch.Tensor,  # (B, T0) long prompt, T0 >= 1
+    idx: torch.Tensor,  # (B, T0) prompt of byte ids, T0 >= 1, any integer dtype
     max_new_tokens: int,  # bytes to append, >= 0
-    temperature: float = 1.0,  # >= 0; 0 = greedy (argmax)
+    temperature: float = 1.0,  # >= 0; 0 = greedy (argmax), and so is one so small that logits / temperature overflow
     top_k: int | None = None,  # sample only among the top_k most likely bytes (None: all)
     generator: torch.Generator | None = None,  # source of the samples
     decoder=None,  # an object with prefill / step (None: `default_decoder(model)`, cached where possible)
@@ -55,22 +56,34 @@ def generate(
                         f"{type(model).__name__}: for your own model, write the loop with hkt_nb.decoding.layer_cache"
                         "(layer, batch_size), prefill(layer, x, cache) and step(layer, x, cache) (chapter *Language "
                         "modelling*, section *Cached generation in your own model*)")
-    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[1] < 1 or idx.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"idx must be an integer tensor (B, T0) with T0 >= 1, got {getattr(idx, 'shape', type(idx))}")
+    check_prompt(idx, model.cfg.vocab_size)
     check_int("max_new_tokens", max_new_tokens, 0), check_float("temperature", temperature, 0.0)
     check_int("top_k", top_k, 1, model.cfg.vocab_size, allow_none=True)
     was_training = model.training
     model.eval()
-    decoder = default_decoder(model) if decoder is None else decoder
-    idx = idx.long()
-    logits = decoder.prefill(idx) if max_new_tokens else None
-    for i in range(max_new_tokens):
-        token = _sample(logits.float(), temperature, top_k, generator)
-        idx = torch.cat([idx, token[:, None]], 1)
-        if i + 1 < max_new_tokens:
-            logits = decoder.step(idx, token)
-    model.train(was_training)
+    try:  # the caller's mode comes back whatever happens (an error, a KeyboardInterrupt)
+        decoder = default_decoder(model) if decoder is None else decoder
+        idx = idx.long()
+        logits = decoder.prefill(idx) if max_new_tokens else None
+        for i in range(max_new_tokens):
+            token = _sample(logits.float(), temperature, top_k, generator)
+            idx = torch.cat([idx, token[:, None]], 1)
+            if i + 1 < max_new_tokens:
+                logits = decoder.step(idx, token)
+    finally:
+        model.train(was_training)
     return idx
+
+
+def check_prompt(idx, vocab_size: int) -> None:
+    """A prompt `generate` takes: a tensor (B, T0), T0 >= 1, of any integer dtype (uint8, int16, ... int64), every id
+    in [0, vocab_size). Raises TypeError naming the shape or dtype, ValueError naming the ids out of range."""
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[1] < 1:
+        raise TypeError(f"idx must be a tensor (B, T0) with T0 >= 1, got {tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__}")
+    if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+        raise TypeError(f"idx must hold integer byte ids (any integer dtype), got {idx.dtype}")
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= vocab_size):
+        raise ValueError(f"idx must hold ids in [0, {vocab_size}), got ids from {int(idx.min())} to {int(idx.max())}")
 
 
 @torch.no_grad()
@@ -103,9 +116,14 @@ def generation_ms_per_token(
 
 def _sample(logits, temperature, top_k, generator):
     "One byte per row of logits (B, V)."
+    if not torch.isfinite(logits).all():
+        raise ValueError("the model gave non-finite logits (NaN or inf): its weights or inputs are broken, not the sampling")
     if temperature == 0:
         return logits.argmax(-1)
-    logits = logits / temperature
+    scaled = logits / temperature
+    if not torch.isfinite(scaled).all():  # so small a temperature that logits / temperature overflow: its limit, greedy
+        return logits.argmax(-1)
+    logits = scaled
     if top_k is not None:
         kth = logits.topk(top_k, -1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
