@@ -132,6 +132,10 @@ class ClassifierConfig:
     attention_params: dict = field(default_factory=dict)  # the variant's own parameters (defaults filled in)
 
     def __post_init__(self):
+        if isinstance(self.attention, str) and self.attention not in ATTENTION_VARIANTS:
+            raise ValueError(f"attention must be a registered attention variant ({', '.join(map(repr, ATTENTION_VARIANTS))}), "
+                             f"got {self.attention!r}: register yours with register_attention (hkt_nb.model) before "
+                             "building or loading a model that uses it (chapter 3)")
         check_choice("attention", self.attention, ATTENTION_VARIANTS)
         check_heads(self.d_model, self.n_heads)
         self.d_ff = 4 * self.d_model if self.d_ff is None else self.d_ff

@@ -9,11 +9,11 @@ __all__ = ['window_mask', 'WindowParams', 'SlidingWindowAttention', 'LMConfig', 
            'TIMING_FIELDS', 'configure_optimizer', 'LMTrainConfig', 'lr_at', 'train_lm', 'without_timing',
            'save_record', 'load_record', 'LM_MODELS', 'LM_SEEDS', 'LMPreset', 'LM_PRESETS', 'match_lm_parameters',
            'lm_model_config', 'lm_run_name', 'default_lm_results_dir', 'lm_checkpoint_path', 'lm_pretrained_dir',
-           'run_lm', 'load_lm_runs', 'NGRAM_ORDERS', 'NGRAM_ALPHAS', 'MAX_NGRAM_ORDER', 'NGRAM_RECORD_VERSION',
-           'ByteNGram', 'fit_byte_ngram', 'interpolated_ngram_probability', 'ngram_window_counts',
-           'ngram_bits_per_byte', 'ngram_distribution', 'fit_ngram_baselines', 'ngram_settings', 'ngram_baselines',
-           'compare_lm', 'lm_learned_the_task', 'LM_VERDICT_RULES', 'counted_lm_verdict', 'LM_PAIRS', 'lm_comparisons',
-           'lm_established_sentence']
+           'run_lm', 'register_lm_model', 'load_lm_runs', 'NGRAM_ORDERS', 'NGRAM_ALPHAS', 'MAX_NGRAM_ORDER',
+           'NGRAM_RECORD_VERSION', 'ByteNGram', 'fit_byte_ngram', 'interpolated_ngram_probability',
+           'ngram_window_counts', 'ngram_bits_per_byte', 'ngram_distribution', 'fit_ngram_baselines', 'ngram_settings',
+           'ngram_baselines', 'compare_lm', 'lm_learned_the_task', 'LM_VERDICT_RULES', 'counted_lm_verdict', 'LM_PAIRS',
+           'lm_comparisons', 'lm_established_sentence']
 
 # %% ../../nbs/15_lm.ipynb #5e1a0c20
 # the package's names, from its modules (`from hkt_nb.lm import ByteLM, generate, ...`)
@@ -68,6 +68,7 @@ from hkt_nb.lm.runs import (
            lm_run_name,
            load_lm_runs,
            match_lm_parameters,
+           register_lm_model,
            run_lm,
 )
 from hkt_nb.lm.training import (
@@ -98,7 +99,7 @@ _all_ = [
     "RECORD_VERSION", "TIMING_FIELDS", "configure_optimizer", "LMTrainConfig", "lr_at", "train_lm",
     "without_timing", "save_record", "load_record", "LM_MODELS", "LM_SEEDS", "LMPreset", "LM_PRESETS",
     "match_lm_parameters", "lm_model_config", "lm_run_name", "default_lm_results_dir", "lm_checkpoint_path",
-    "lm_pretrained_dir", "run_lm", "load_lm_runs", "NGRAM_ORDERS", "NGRAM_ALPHAS", "MAX_NGRAM_ORDER",
+    "lm_pretrained_dir", "run_lm", "register_lm_model", "load_lm_runs", "NGRAM_ORDERS", "NGRAM_ALPHAS", "MAX_NGRAM_ORDER",
     "NGRAM_RECORD_VERSION", "ByteNGram", "fit_byte_ngram", "interpolated_ngram_probability", "ngram_window_counts",
     "ngram_bits_per_byte", "ngram_distribution", "fit_ngram_baselines", "ngram_settings", "ngram_baselines",
     "compare_lm", "lm_learned_the_task", "LM_VERDICT_RULES", "counted_lm_verdict", "LM_PAIRS", "lm_comparisons",

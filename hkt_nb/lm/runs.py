@@ -17,8 +17,8 @@ from .model import LMConfig, count_lm_parameters
 from .training import LMTrainConfig, load_record, save_record, train_lm
 
 # %% auto #0
-__all__ = ['LM_MODELS', 'LM_SEEDS', 'LM_PRESETS', 'LMPreset', 'match_lm_parameters', 'lm_model_config', 'lm_run_name',
-           'default_lm_results_dir', 'lm_checkpoint_path', 'lm_pretrained_dir', 'run_lm', 'load_lm_runs']
+__all__ = ['LM_MODELS', 'LM_SEEDS', 'LM_PRESETS', 'register_lm_model', 'LMPreset', 'match_lm_parameters', 'lm_model_config',
+           'lm_run_name', 'default_lm_results_dir', 'lm_checkpoint_path', 'lm_pretrained_dir', 'run_lm', 'load_lm_runs']
 
 # %% ../../nbs/15e_lm_runs.ipynb #58b9b9f6
 LM_MODELS = {  # model name -> (attention variant, its parameters; "window" is filled from the preset)
@@ -29,6 +29,24 @@ LM_MODELS = {  # model name -> (attention variant, its parameters; "window" is f
     "hkt_l3": ("hkt", {"n_levels": 3}),
 }
 LM_SEEDS = (0, 1, 2)
+
+
+def register_lm_model(
+    name: str,  # the model's name in runs and records ("lm-<name>-<preset>-seed<k>")
+    attention: str,  # a variant registered in `hkt_nb.model.ATTENTION_VARIANTS` (`register_attention`, chapter 3)
+    params: dict | None = None,  # its parameters; a "window" of None is filled from the preset
+) -> str:
+    """Add a model to `LM_MODELS`, so that `run_lm` trains it (parameter-matched like the others). Returns `name`.
+    Raises ValueError for a name already taken (a built-in model is never replaced) or an unregistered variant."""
+    from hkt_nb.model import ATTENTION_VARIANTS
+
+    if name in LM_MODELS:
+        raise ValueError(f"name: {name!r} is already a language model ({', '.join(LM_MODELS)}); choose another name")
+    if attention not in ATTENTION_VARIANTS:
+        raise ValueError(f"attention: {attention!r} is not a registered attention variant ({', '.join(ATTENTION_VARIANTS)}); "
+                         "register it first with hkt_nb.model.register_attention")
+    LM_MODELS[name] = (attention, dict(params or {}))
+    return name
 
 
 @dataclass(frozen=True)

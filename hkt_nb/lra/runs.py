@@ -60,8 +60,8 @@ except ImportError as error:  # a core-only install: the command line names the 
 # %% auto #0
 __all__ = ['UNIFORM_MIX_TOLERANCE', 'SELECTION_RULES', 'FULL_TRAIN_SIZE', 'THROUGHPUT_PRESETS', 'shown_path', 'training_seconds',
            'duration', 'finished_run', 'reusable_run', 'load_or_train', 'check_experiment_parameters', 'selection',
-           'mix_moves', 'Experiment', 'run_experiment', 'parse_args', 'resume_command', 'main', 'predict_run',
-           'estimate_seconds', 'estimated_time']
+           'mix_moves', 'Experiment', 'run_experiment', 'import_extension', 'parse_args', 'resume_command', 'main',
+           'predict_run', 'estimate_seconds', 'estimated_time']
 
 # %% ../../nbs/05b_runs.ipynb #57ce0bdd
 def shown_path(path: str | os.PathLike) -> str:
@@ -467,9 +467,38 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def import_extension(target: str) -> None:
+    """Import `target`, a module name (`my_pkg.variants`) or a path to a .py file, for what it registers (attention
+    variants, `register_attention`, chapter 3; arms, `register_arm`, chapter 5). Raises ImportError naming it."""
+    import importlib
+    import importlib.util
+
+    if target.endswith(".py") or os.sep in target:
+        path = Path(target).expanduser().resolve()
+        spec = importlib.util.spec_from_file_location(path.stem, path) if path.is_file() else None
+        if spec is None:
+            raise ImportError(f"--import {target}: no such Python file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module
+        spec.loader.exec_module(module)
+    else:
+        importlib.import_module(target)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    "Arguments of `hkt-train` (see `main`); every value given is honoured or rejected, and unset is None."
+    """Arguments of `hkt-train` (see `main`); every value given is honoured or rejected, and unset is None. Each
+    `--import MODULE` is imported first (`import_extension`), so that `--model` accepts the arms it registers."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--import", dest="imports", action="append", default=[])
+    for target in pre.parse_known_args(argv)[0].imports:
+        try:
+            import_extension(target)
+        except ImportError as error:
+            pre.error(str(error))
     parser = argparse.ArgumentParser(prog="hkt-train", description="Train an HKT or parameter-matched MHA classifier.")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="a module or .py file to import first, e.g. one that registers an attention variant "
+                             "(register_attention) and an arm (register_arm) of your own; repeatable")
     parser.add_argument("--task", required=True, choices=[*TASKS, "synthetic"])
     parser.add_argument("--model", default="hkt", choices=list(ARMS))
     parser.add_argument("--preset", default="smoke", choices=sorted(PRESETS))
