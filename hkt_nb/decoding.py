@@ -64,9 +64,9 @@ class GrowingBuffer:
         return self._data
 
 # %% ../nbs/02b_decoding.ipynb #599c9db0
-def _parameter_state(layer: nn.Module) -> tuple:
-    "(name, dtype, device, storage, in-place version) of each parameter: what a cache's entries were computed with."
-    return tuple((name, p.dtype, p.device, p.data_ptr(), p._version) for name, p in layer.named_parameters())
+def _parameter_state(parameters: list) -> tuple:
+    "(storage, in-place version) of each of `parameters`: what a cache's entries were computed with (cheap per step)."
+    return tuple((p.data_ptr(), p._version) for p in parameters)
 
 
 def _static(*tensors: torch.Tensor) -> None:
@@ -90,7 +90,9 @@ class KVCache:
         p = layer.out_proj.weight
         lead, rows = (batch_size, layer.n_heads), capacity or 16
         self.batch_size, self.capacity, self._layer, self._n = batch_size, capacity, weakref.ref(layer), 0
-        self.dtype, self.device, self._parameters = p.dtype, p.device, _parameter_state(layer)  # what it is computed with
+        self.dtype, self.device, self._names = p.dtype, p.device, [name for name, _ in layer.named_parameters()]
+        self._params = [param for _, param in layer.named_parameters()]
+        self._parameters = _parameter_state(self._params)  # what it is computed with
         self.keys = GrowingBuffer(lead, layer.head_dim, p.dtype, p.device, rows, capacity is not None)
         self.values = GrowingBuffer(lead, layer.head_dim, p.dtype, p.device, rows, capacity is not None)
         if capacity is not None:
@@ -204,7 +206,9 @@ class HKTCache:
         p = layer.out_proj.weight
         B, H, d, D, L, s = batch_size, layer.n_heads, layer.head_dim, layer.d_model, layer.n_levels, layer.stride
         self.batch_size, self.capacity, self._layer, self._n = B, capacity, weakref.ref(layer), 0
-        self.dtype, self.device, self._parameters = p.dtype, p.device, _parameter_state(layer)  # what it is computed with
+        self.dtype, self.device, self._names = p.dtype, p.device, [name for name, _ in layer.named_parameters()]
+        self._params = [param for _, param in layer.named_parameters()]
+        self._parameters = _parameter_state(self._params)  # what it is computed with
         self.offset, fixed = layer.conv_kernel_size - 1, capacity is not None
         rows = self.offset + (capacity or 16)
         self.keys = p.new_zeros(B, H, L * d, rows)
@@ -301,9 +305,9 @@ def _check_parameters(layer: nn.Module, cache) -> None:
     if (p.dtype, p.device) != (cache.dtype, cache.device):
         raise ValueError(f"the cache was made in {cache.dtype} on {cache.device}, the layer is now {p.dtype} on "
                          f"{p.device}: make a new cache with layer_cache(layer, batch_size) after moving the layer")
-    state = _parameter_state(layer)
+    state = _parameter_state(cache._params)
     if state != cache._parameters:
-        changed = [now[0] for now, then in zip(state, cache._parameters) if now != then]
+        changed = [name for name, now, then in zip(cache._names, state, cache._parameters) if now != then]
         raise ValueError(f"the layer's parameters changed since this cache was made ({', '.join(changed)}: an in-place "
                          "edit, load_state_dict or an optimiser step), so what it holds is stale: make a new cache with "
                          "layer_cache(layer, batch_size) and prefill it again")
