@@ -833,9 +833,23 @@ def test_first_page_table_from_the_committed_records():
     listops = by["ListOps", "0-2"]
     assert listops["preset"] == "cpu" and listops["cells"][4].startswith("+1.65 [")  # mean of +3.03, +0.74, +1.17
     assert listops["word"] == "undecided" and listops["cells"][5].startswith("**undecided** (3 of 3 seeds ahead")
-    fresh = by["ListOps", "3-9"]["rule7"]
-    assert (fresh["verdict"], fresh["all_seeds"]["n"]) == ("not yet run (0 of 7 seeds)", 3)
-    assert "**not run** (0 of 7 fresh seeds)" in by["ListOps", "3-9"]["cells"][5]
+    # rule 7 on the fresh seeds 3-9 (issue 32): HKT ahead on all seven, exact Wilcoxon p = 2 / 128
+    row = by["ListOps", "3-9"]
+    fresh = row["rule7"]
+    assert (fresh["verdict"], fresh["test"]["n"], fresh["all_seeds"]["n"]) == ("hkt better than mha", 7, 10)
+    assert fresh["test"]["positive_ranks"] == 28.0 and math.isclose(fresh["test"]["p_value"], 2 / 128)
+    assert math.isclose(fresh["all_seeds"]["p_value"], 2 / 1024)  # all ten seeds ahead
+    assert row["word"] == "HKT better" and row["cells"][5] == "**HKT better** (Wilcoxon p = 0.016)"
+    assert row["cells"][4] == "fresh: +2.58 [+1.92, +3.23] (7 seeds); all: +2.30 [+1.63, +2.96] (10 seeds)"
+    # the per-seed differences, recomputed here from the committed 10,000-example predictions
+    for seed in range(10):
+        acc = {}
+        for model in ("hkt", "mha"):
+            record = json.loads((RESULTS / f"listops-{model}-cpu-seed{seed}.json").read_text())
+            with np.load(RESULTS / record["predictions_path"]) as z:
+                assert len(z["labels"]) == 10_000
+                acc[model] = float((z["predictions"] == z["labels"]).mean())
+        assert math.isclose(fresh["comparisons"][seed]["difference"], acc["hkt"] - acc["mha"], abs_tol=1e-12)
     lm = next(r for r in rows if r["task"] == "the language model")
     assert lm["word"] == "not learned" and "HKT better at this budget; neither reaches 7-gram counting" in lm["cells"][5]
     assert lm["cells"][4].startswith("+0.2")  # MHA - HKT in bits per byte: about 0.21 on every seed
