@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['HEADLINE_PAIR', 'LM_HEADLINE_PAIR', 'verdict_word', 'seed_level_state', 'headline_rows', 'headline_markdown',
-           'not_established', 'established_sentences']
+           'not_established', 'seed_level_line', 'seed_level_markdown', 'established_sentences']
 
 # %% ../../nbs/09b_headline.ipynb #a446ffbb
 from pathlib import Path
@@ -235,6 +235,52 @@ def not_established(rows: list) -> str:
     return first + (" " + second if second else "")
 
 
+# %% ../../nbs/09b_headline.ipynb #5e7a1c02
+def seed_level_line(task: str, preset: str, models: tuple,
+                    state: dict,  # `seed_level_state` (or `seed_level_verdict` with its `comparisons`)
+                    ) -> str:
+    """One line of rule 7 in words: the verdict; how many fresh seeds favour A; the mean difference in points with its
+    seed-level 95 % t-interval and the exact Wilcoxon p-value on the fresh seeds, then the same on every seed."""
+    from hkt_nb.lra.tasks import get_task
+
+    a, b = models
+    head = f"- {get_task(task).title or task} `{preset}`, {a} vs {b}: **{state['verdict']}**"
+    test, every = state["test"], state["all_seeds"]
+    if test is None:
+        return head + "."
+    fresh = [c["difference"] for s, c in state["comparisons"].items() if s in FRESH_SEEDS]
+
+    def said(t):
+        interval = "" if t["low"] is None else f" (95 % interval {100 * t['low']:+.2f} to {100 * t['high']:+.2f})"
+        return f"mean {100 * t['mean']:+.2f} points{interval}, exact Wilcoxon p = {t['p_value']:.2g}"
+
+    return (f"{head}: {a} ahead on {sum(d > 0 for d in fresh)} of {len(fresh)} fresh seeds, {said(test)}; "
+            f"on all {every['n']} seeds, {said(every)}.")
+
+
+def seed_level_markdown(results_dir=None,  # default: `default_results_dir()` (chapter 5)
+                        ) -> str:
+    """Rule 7 in words for every comparison (`PAIRS`) of every setting of `SEED_LEVEL_SETTINGS`, one
+    `seed_level_line` each under a sentence saying what the rule decides; '' where no such setting has records."""
+    from hkt_nb.lra.baselines import load_baselines
+    from hkt_nb.lra.results import PAIRS
+    from hkt_nb.train.workspace import default_results_dir
+
+    results_dir = Path(default_results_dir() if results_dir is None else results_dir)
+    lines = []
+    for task, preset in SEED_LEVEL_SETTINGS:
+        runs, baselines = load_runs(results_dir, preset), load_baselines(results_dir, preset)
+        if not runs:
+            continue
+        lines += [seed_level_line(task, preset, pair, seed_level_state(results_dir, runs, baselines, task, preset, pair))
+                  for pair in PAIRS[task]]
+    if not lines:
+        return ""
+    return ("**Rule 7**, on the fresh seeds 3-9 (trained after the rule was written; it decides these two "
+            "architectures at this setting, beyond the luck of training, where rules 1-5 judge the trained networks "
+            "of seeds 0-2):\n\n" + "\n".join(lines))
+
+
 # %% ../../nbs/09b_headline.ipynb #969a11fd
 def _named(tasks) -> str:
     "The tasks as the text names them (their titles): 'A', 'A and B', 'A, B and C'."
@@ -326,6 +372,24 @@ def _summary_clauses(s: dict, status: dict, shown: str, cpu_pilot: dict, variant
     return found, missing
 
 
+def _rule7_clauses(results_dir) -> list:
+    "The `established_sentences` clauses of rule 7: each comparison it decides, on the fresh seeds, in words."
+    from hkt_nb.lra.baselines import load_baselines
+    from hkt_nb.lra.results import PAIRS
+    from hkt_nb.lra.tasks import get_task
+
+    clauses = []
+    for task, preset in SEED_LEVEL_SETTINGS:
+        runs, baselines = load_runs(results_dir, preset), load_baselines(results_dir, preset)
+        for a, b in PAIRS[task] if runs else ():
+            state = seed_level_state(results_dir, runs, baselines, task, preset, (a, b))
+            if state["test"] is not None and " better than " in state["verdict"]:
+                clauses.append(f"on {get_task(task).title or task} at the small `{preset}` scale, rule 7 decides "
+                               f"{state['verdict']} beyond the luck of training, on the {state['test']['n']} fresh "
+                               "seeds trained after the rule was written (the exact Wilcoxon signed-rank test)")
+    return clauses
+
+
 def established_sentences(results_dir=None,  # default: `default_results_dir()` (chapter 5)
                           preset: str = "auto") -> str:  # a preset, or "auto" (`choose_preset`: the page's rule)
     """Two sentences, without numbers, on what the runs and their trivial baselines establish and what they do not
@@ -358,6 +422,7 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
                        "size the preset no longer trains and seen before its present size was chosen ("
                        + (f"under rules 1-4: {_listed(decided)}" if decided else "no comparison decided under rules 1-4")
                        + "; not counted, shown in chapter 9)")
+    found += _rule7_clauses(results_dir)
     first = ("Established: the layer is implemented and tested as the book derives it; "
              + ("; ".join(found) if found else "no comparison between the models is decided") + ".")
     second = ("Not established: whether HKT beats standard attention at the paper's scale, which needs a GPU and has "

@@ -439,11 +439,12 @@ def summary_markdown(summary: dict) -> str:
     unrun = [r for r in rows if r["counted"] == "not yet run"]
     lines.append("")
     if decided:
-        lines.append("Decided comparisons (every seed significant in one direction, both models above the baselines):")
+        lines.append("Decided comparisons under rules 1-5 (seeds 0-2: every seed significant in one direction, both models "
+                     "above the baselines):")
         lines += [_decided_line(r) for r in decided]
     rest = [r for r in rows if r not in decided and r not in unrun]
     if decided and rest:
-        lines.append("\nNot decided: " + "; ".join(f"{r['task']} {r['models'][0]} vs {r['models'][1]}: {r['counted']}"
+        lines.append("\nNot decided under rules 1-5 (seeds 0-2): " + "; ".join(f"{r['task']} {r['models'][0]} vs {r['models'][1]}: {r['counted']}"
                                                  for r in rest) + ".")
     else:
         lines.append(f"**No comparison is decided** at this preset: of {len(rows)} comparisons, "
