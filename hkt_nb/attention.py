@@ -113,7 +113,7 @@ def upsample_scores(
     index: torch.Tensor,  # (T,) from `upsample_index`
     valid: torch.Tensor,  # (T,) bool from `upsample_index`
 ) -> torch.Tensor:  # (B, H, T, T)
-    "Eq. (2): $U_l S U_l^\top$, zero where query or key is not `valid`: `upsample_tokens` on rows, then columns."
+    r"Eq. (2): $U_l S U_l^\top$, zero where query or key is not `valid`: `upsample_tokens` on rows, then columns."
     return upsample_tokens(upsample_tokens(s, index, valid), index, valid, dim=-1)
 
 # %% ../nbs/02_attention.ipynb #5f274133

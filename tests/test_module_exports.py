@@ -79,3 +79,18 @@ def test_every_module_compiles_without_invalid_escapes(repo_root):
             warnings.simplefilter("error", SyntaxWarning)
             warnings.simplefilter("error", DeprecationWarning)
             compile(path.read_text(), str(path), "exec")
+
+
+CONTROL = "\t\x08\x0c\x07\x0b\r"  # what "\top", "\beta", "\frac", "\alpha", "\vert", "\rho" become in a string that is not raw
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_no_docstring_holds_a_tex_command_eaten_by_an_escape(name):
+    "A docstring with TeX (`$U_l S U_l^\\top$`) in a string that is not raw shows a tab where `\\t` was (issue 33)."
+    path = Path(importlib.import_module(name).__file__)
+    eaten = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            doc = ast.get_docstring(node, clean=False) or ""
+            eaten += [f"{getattr(node, 'name', name)}: {doc[:60]!r}" for ch in CONTROL if ch in doc][:1]
+    assert eaten == [], f"docstrings of {name} with an escape where TeX was meant (use a raw string): {eaten}"

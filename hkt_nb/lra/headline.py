@@ -54,6 +54,15 @@ def verdict_word(counted: str,  # a counted verdict (`results_summary`'s `counte
     return "not run" if counted.startswith("not yet run") else "undecided"
 
 
+def _seeds_label(seeds: list) -> str:
+    "The seeds run, as the table names them: '0-2' for a run of consecutive seeds, '0, 2' otherwise, '' for none."
+    if not seeds:
+        return ""
+    if len(seeds) > 1 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))
+
+
 def _spread(values, scale: float = 100, digits: int = 2) -> str:
     "'mean ± sd (n)' of `values` times `scale` (sd with ddof = 1), 'mean (1)' for one value, 'not run' for none."
     v = scale * np.asarray(list(values), float)
@@ -130,9 +139,10 @@ def _classifier_rows(results_dir, task: str, preset: str,
         why = f"under the pilot's {100 * PILOT_MARGIN:.0f}-point margin" if pilot else "a run not clearly above the baseline"
         detail = f"{why}; {verdict_word(rule, models)} at this budget, {detail}"
     name = get_task(task).title or task
-    rows = [{"task": name, "preset": preset, "seeds": f"{min(SEEDS)}-{max(SEEDS)}", "accuracies": accuracies,
+    seeds = _seeds_label(sorted(c["seed"] for c in done)) or f"{min(SEEDS)}-{max(SEEDS)}"
+    rows = [{"task": name, "preset": preset, "seeds": seeds, "accuracies": accuracies,
              "baselines": saved["baselines"] if saved else {}, "word": word, "rule7": None,
-             "cells": [f"{name} · `{preset}` · seeds {min(SEEDS)}-{max(SEEDS)}", *(_spread(accuracies[m].values())
+             "cells": [f"{name} · `{preset}` · {'seed' if len(done) == 1 else 'seeds'} {seeds}", *(_spread(accuracies[m].values())
                        for m in models), bar, _interval({c["seed"]: c["difference"] for c in done},
                                                         done[0] if len(done) == 1 else None) or "not run",
                        f"**{word}** ({detail})"]}]
@@ -150,6 +160,17 @@ def _classifier_rows(results_dir, task: str, preset: str,
 
 
 # %% ../../nbs/09b_headline.ipynb #eb9d4fcf
+def _one_level_note(records: dict, models: tuple, one_level: str = "hkt_l1") -> str:
+    """'; `hkt_l1` (one level: no coarse scores) x.xxx, so the gain is not the hierarchy's' where the one-level ablation
+    of chapter 15 has records and scores at least as well as HKT (lower bits per byte), '' otherwise."""
+    mean = {m: np.mean([r["val_bpb"] for (model, _), r in records.items() if model == m]) for m in (one_level, models[0])
+            if any(model == m for model, _ in records)}
+    if len(mean) < 2 or mean[one_level] > mean[models[0]]:
+        return ""
+    return (f"; `{one_level}` (one level: no coarse scores) {mean[one_level]:.3f}, as good as HKT, so the gain is "
+            "not the hierarchy's")
+
+
 def _lm_row(lm_dir, preset: str = "cpu", models: tuple = LM_HEADLINE_PAIR) -> dict | None:
     """The language model's row (chapter 15): held-out bits per byte of the two models (lower is better), the strongest
     byte n-gram count model, MHA − HKT per seed (positive: HKT better) and rules 1-5 as that chapter applies them
@@ -174,6 +195,7 @@ def _lm_row(lm_dir, preset: str = "cpu", models: tuple = LM_HEADLINE_PAIR) -> di
     detail = (f"{measured} at this budget; " + ("neither reaches " if len(failed) == 2 else
                                                 f"{' and '.join(map(_shown, failed))} does not reach ") + counting
               if failed else f"{len(seeds)} seeds")
+    detail += _one_level_note(records, models)
     return {"task": "the language model", "preset": preset, "seeds": f"{min(seeds)}-{max(seeds)}" if seeds else "",
             "word": word, "rule7": None, "bpb": bpb, "baseline_bpb": baseline["val_bpb"], "measured": measured,
             "cells": [f"Language model (IMDB bytes) · `{preset}` · bits per byte, lower is better",
