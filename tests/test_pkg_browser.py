@@ -124,13 +124,8 @@ return {
   raw: body.textContent.match(/\\\\begin\\{|\\$\\$/g) || [],
   images: [...document.images].map(i => ({src: i.getAttribute("src"), ok: i.complete && i.naturalWidth > 0})),
   colab: [...document.querySelectorAll("a[href*='colab.research.google.com']")].map(a => a.href),
-  tableTop: (t => t ? t.getBoundingClientRect().top + window.scrollY : null)(document.querySelector("main table, article table")),
-  screen: window.innerHeight,
 };
 """
-
-
-RESULTS_FIRST = ("nbs/00_index", "nbs/09_results")  # pages whose results table must start in the first screen
 
 
 def severe_logs(driver) -> list[str]:
@@ -161,6 +156,3 @@ def test_book_page_in_chromium(browser, page, settings):
     colab = colab_url(page, settings)
     assert colab in found["colab"], f"no Colab link to {colab} on {page}: {found['colab']}"
     assert severe_logs(browser) == [], f"JavaScript errors on {page}"
-    if page in RESULTS_FIRST:  # issue 33: a reader states the results from the first screen
-        assert found["tableTop"] is not None and found["tableTop"] < found["screen"], (
-            f"the results table of {page} starts at {found['tableTop']} px, below the first screen ({found['screen']} px)")
