@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -16,8 +17,9 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['seed_everything', 'rng_state', 'set_rng_state', 'atomic_write', 'atomic_save', 'writable_folder', 'RunLockedError',
-           'run_lock', 'lock_run', 'read_checkpoint']
+__all__ = ['seed_everything', 'rng_state', 'set_rng_state', 'DiskFullError', 'disk_full_reason', 'disk_full_error',
+           'atomic_write', 'atomic_save', 'writable_folder', 'RunLockedError', 'run_lock', 'lock_run',
+           'read_checkpoint']
 
 # %% ../../nbs/05d_checkpoints.ipynb #bee55233
 def seed_everything(seed: int) -> None:
@@ -47,15 +49,63 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 # %% ../../nbs/05d_checkpoints.ipynb #c1ab1477
+class DiskFullError(OSError):
+    "A write failed because the disk is full or a file size limit was reached (ENOSPC, EDQUOT, EFBIG); names the file."
+
+
+_FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+def disk_full_reason(error: BaseException) -> str | None:
+    """Why `error` is a full disk, or None when it is not: an `OSError` with errno ENOSPC, EDQUOT or EFBIG in `error`
+    or its `__cause__` / `__context__` chain (torch's serializer wraps it in a RuntimeError, `[enforce fail at
+    inline_container.cc] unexpected pos`), or a message with that error's text (safetensors: `File too large (os
+    error 27)`)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _FULL_ERRNOS:
+            return os.strerror(error.errno)
+        for code in _FULL_ERRNOS:
+            if os.strerror(code) in str(error) or f"(os error {code})" in str(error):
+                return os.strerror(code)
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def disk_full_error(path: Path, reason: str) -> DiskFullError:
+    "The one-line DiskFullError of a failed write of `path`."
+    error = DiskFullError(f"cannot write {path}: the disk is full ({reason}); free some space or write to another "
+                          "folder (hkt-train --results-dir), then run again")
+    error.path = Path(path)  # not `filename`, which would change the message
+    return error
+
+
+def _made_folders(folder: Path) -> list[Path]:
+    "The folders `folder.mkdir(parents=True)` would create, deepest first."
+    return [p for p in (folder, *folder.parents) if not p.exists()]
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    "Remove the folders of `folders` (deepest first) that are left empty."
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
 def atomic_write(path: Path, write) -> None:
     """Write the file `path` atomically: `write(file)` fills a unique temporary file in the same folder (binary
     mode), which is flushed to the disk (`os.fsync`) and renamed over `path` (`os.replace`). Concurrent writers of one
     path never share a temporary file, and a reader sees the old or the new content, never a mixture or a partial
-    file; on any error (also KeyboardInterrupt) the temporary file is removed and `path` is left as it was."""
+    file; on any error (also KeyboardInterrupt) the temporary file is removed, `path` is left as it was and the
+    folders this call created are removed again. A full disk (`disk_full_reason`: ENOSPC, EFBIG, also inside torch's
+    or safetensors' own error) raises `DiskFullError`, one line naming `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    made = _made_folders(path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(descriptor, "wb") as file:
             write(file)
             file.flush()
@@ -63,8 +113,13 @@ def atomic_write(path: Path, write) -> None:
         umask = os.umask(0); os.umask(umask)  # mkstemp creates 0600; give the file the mode open() would
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as error:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        _remove_empty(made)
+        reason = disk_full_reason(error)
+        if reason is not None:
+            raise disk_full_error(path, reason) from error
         raise
 
 
