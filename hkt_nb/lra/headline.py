@@ -167,8 +167,8 @@ def _one_level_note(records: dict, models: tuple, one_level: str = "hkt_l1") -> 
             if any(model == m for model, _ in records)}
     if len(mean) < 2 or mean[one_level] > mean[models[0]]:
         return ""
-    return (f"; `{one_level}` (one level: no coarse scores) {mean[one_level]:.3f}, as good as HKT, so the gain is "
-            "not the hierarchy's")
+    return (f"; `{one_level}` (one level: no coarse scores) {mean[one_level]:.3f}, no worse than HKT, so these runs do "
+            "not credit the gain to the hierarchy")
 
 
 def _lm_row(lm_dir, preset: str = "cpu", models: tuple = LM_HEADLINE_PAIR) -> dict | None:
@@ -280,22 +280,27 @@ def seed_level_line(task: str, preset: str, models: tuple,
             f"on all {every['n']} seeds, {said(every)}.")
 
 
+def _seed_level_states(results_dir) -> list:
+    "(task, preset, (A, B), `seed_level_state`) for every comparison (`PAIRS`) of every `SEED_LEVEL_SETTINGS` with runs."
+    from hkt_nb.lra.baselines import load_baselines
+    from hkt_nb.lra.results import PAIRS
+
+    found = []
+    for task, preset in SEED_LEVEL_SETTINGS:
+        runs, baselines = load_runs(results_dir, preset), load_baselines(results_dir, preset)
+        found += [(task, preset, pair, seed_level_state(results_dir, runs, baselines, task, preset, pair))
+                  for pair in (PAIRS[task] if runs else ())]
+    return found
+
+
 def seed_level_markdown(results_dir=None,  # default: `default_results_dir()` (chapter 5)
                         ) -> str:
     """Rule 7 in words for every comparison (`PAIRS`) of every setting of `SEED_LEVEL_SETTINGS`, one
     `seed_level_line` each under a sentence saying what the rule decides; '' where no such setting has records."""
-    from hkt_nb.lra.baselines import load_baselines
-    from hkt_nb.lra.results import PAIRS
     from hkt_nb.train.workspace import default_results_dir
 
     results_dir = Path(default_results_dir() if results_dir is None else results_dir)
-    lines = []
-    for task, preset in SEED_LEVEL_SETTINGS:
-        runs, baselines = load_runs(results_dir, preset), load_baselines(results_dir, preset)
-        if not runs:
-            continue
-        lines += [seed_level_line(task, preset, pair, seed_level_state(results_dir, runs, baselines, task, preset, pair))
-                  for pair in PAIRS[task]]
+    lines = [seed_level_line(task, preset, pair, state) for task, preset, pair, state in _seed_level_states(results_dir)]
     if not lines:
         return ""
     return ("**Rule 7**, on the fresh seeds 3-9 (trained after the rule was written; it decides these two "
@@ -396,19 +401,14 @@ def _summary_clauses(s: dict, status: dict, shown: str, cpu_pilot: dict, variant
 
 def _rule7_clauses(results_dir) -> list:
     "The `established_sentences` clauses of rule 7: each comparison it decides, on the fresh seeds, in words."
-    from hkt_nb.lra.baselines import load_baselines
-    from hkt_nb.lra.results import PAIRS
     from hkt_nb.lra.tasks import get_task
 
     clauses = []
-    for task, preset in SEED_LEVEL_SETTINGS:
-        runs, baselines = load_runs(results_dir, preset), load_baselines(results_dir, preset)
-        for a, b in PAIRS[task] if runs else ():
-            state = seed_level_state(results_dir, runs, baselines, task, preset, (a, b))
-            if state["test"] is not None and " better than " in state["verdict"]:
-                clauses.append(f"on {get_task(task).title or task} at the small `{preset}` scale, rule 7 decides "
-                               f"{state['verdict']} beyond the luck of training, on the {state['test']['n']} fresh "
-                               "seeds trained after the rule was written (the exact Wilcoxon signed-rank test)")
+    for task, preset, _, state in _seed_level_states(results_dir):
+        if state["test"] is not None and " better than " in state["verdict"]:
+            clauses.append(f"on {get_task(task).title or task} at the small `{preset}` scale, rule 7 decides "
+                           f"{state['verdict']} beyond the luck of training, on the {state['test']['n']} fresh "
+                           "seeds trained after the rule was written (the exact Wilcoxon signed-rank test)")
     return clauses
 
 
