@@ -70,6 +70,10 @@ EXPORTED_NAMES = {"_all_", "__all__"}  # nbdev's list of a module's public names
 DISPLAY_OPTIONS = {"set_option", "filterwarnings", "simplefilter"}  # pd.set_option(...), warnings.filterwarnings(...)
 FOLDED = "hide-cell"  # papermill's parameters: one click away
 PARAMETER_TAGS = {"parameters", "injected-parameters"}
+# progress bars are for a person watching a run, not for the printed page: the `datasets` library's ("Saving the
+# dataset", "Map", "tokenising") and any tqdm bar that does not choose for itself (the library's own pass
+# `disable=None`: off where the output is not a terminal, as in a kernel)
+QUIET_PROGRESS = {"TQDM_DISABLE": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
 
 
 def is_plumbing_statement(node: ast.stmt) -> bool:
@@ -303,6 +307,7 @@ def execute(path: Path, parameters: dict | None = None):
 
     # figures must be displayed inline: MPLBACKEND=Agg (handy for tests) would silently drop every figure
     os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    os.environ.update(QUIET_PROGRESS)
 
     t0 = time.time()
     pm.execute_notebook(str(path), str(path), parameters=parameters or {}, cwd=str(ROOT / "nbs"),
