@@ -127,8 +127,13 @@ return {
   colab: [...document.querySelectorAll("a[href*='colab.research.google.com']")].map(a => a.href),
   // a progress bar printed into an output ("Saving the dataset: 100%|####| 10/10 [00:00<00:00, ...]"), code included
   progress: document.body.textContent.match(/\\d+%\\|[^|\\n]{0,100}\\|\\s*[\\d.]+[kMG]?\\/[\\d.]+[kMG]?\\s*\\[/g) || [],
+  tableTop: (t => t ? t.getBoundingClientRect().top + window.scrollY : null)(document.querySelector("main table, article table")),
+  screen: window.innerHeight,
 };
 """
+
+
+RESULTS_FIRST = ("nbs/00_index", "nbs/09_results")  # pages whose results table must start in the first screen
 
 
 def severe_logs(driver) -> list[str]:
@@ -160,3 +165,6 @@ def test_book_page_in_chromium(browser, page, settings):
     assert colab in found["colab"], f"no Colab link to {colab} on {page}: {found['colab']}"
     assert severe_logs(browser) == [], f"JavaScript errors on {page}"
     assert found["progress"] == [], f"progress bars printed into the outputs of {page}: {found['progress'][:3]}"
+    if page in RESULTS_FIRST:  # issue 33: a reader states the results from the first screen
+        assert found["tableTop"] is not None and found["tableTop"] < found["screen"], (
+            f"the results table of {page} starts at {found['tableTop']} px, below the first screen ({found['screen']} px)")
