@@ -48,7 +48,7 @@ chapters: install
 	@for nb in $(EXPERIMENTS); do \
 	  if [ -f nbs/$$nb.ipynb ]; then \
 	    echo "papermill $$nb (preset $(PRESET))"; \
-	    (cd nbs && MPLBACKEND=module://matplotlib_inline.backend_inline TQDM_DISABLE=1 HF_DATASETS_DISABLE_PROGRESS_BARS=1 ../$(BIN)/papermill --no-progress-bar -k python3 -p preset $(PRESET) \
+	    (cd nbs && MPLBACKEND=module://matplotlib_inline.backend_inline TQDM_DISABLE=1 HF_DATASETS_DISABLE_PROGRESS_BARS=1 KINETO_LOG_LEVEL=6 ../$(BIN)/papermill --no-progress-bar -k python3 -p preset $(PRESET) \
 	      $$nb.ipynb ../results/chapters/$(PRESET)/$$nb.ipynb) || exit 1; \
 	  fi; \
 	done

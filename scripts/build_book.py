@@ -70,10 +70,11 @@ EXPORTED_NAMES = {"_all_", "__all__"}  # nbdev's list of a module's public names
 DISPLAY_OPTIONS = {"set_option", "filterwarnings", "simplefilter"}  # pd.set_option(...), warnings.filterwarnings(...)
 FOLDED = "hide-cell"  # papermill's parameters: one click away
 PARAMETER_TAGS = {"parameters", "injected-parameters"}
-# progress bars are for a person watching a run, not for the printed page: the `datasets` library's ("Saving the
-# dataset", "Map", "tokenising") and any tqdm bar that does not choose for itself (the library's own pass
-# `disable=None`: off where the output is not a terminal, as in a kernel)
-QUIET_PROGRESS = {"TQDM_DISABLE": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+# progress bars and tool logs are for a person watching a run, not for the printed page: the `datasets` library's
+# bars ("Saving the dataset", "Map", "tokenising"), any tqdm bar that does not choose for itself (the library's own
+# pass `disable=None`: off where the output is not a terminal, as in a kernel), and the PyTorch profiler's
+# "USDT: ... profiler_start" lines on stderr (kineto's log levels run 0-5: 6 silences all of them)
+QUIET_PROGRESS = {"TQDM_DISABLE": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "KINETO_LOG_LEVEL": "6"}
 
 
 def is_plumbing_statement(node: ast.stmt) -> bool:

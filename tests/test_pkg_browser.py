@@ -7,7 +7,7 @@ and checks that
 - no show_doc attribute text (`{target="_blank" ...}`) is printed beside an API entry;
 - no display equation is clipped: a display whose content is wider than its box scrolls inside it (and no part
   of it lies left of its box, where no scrollbar reaches);
-- no progress bar (tqdm's, `datasets`') is printed into an output;
+- no progress bar (tqdm's, `datasets`') and no profiler log line (`USDT: ...`) is printed into an output;
 - every image has loaded (`complete` and a non-zero natural width);
 - the Colab launch link opens this chapter's notebook in the repository of settings.ini;
 - the page raised no JavaScript error (browser log level SEVERE).
@@ -126,6 +126,7 @@ return {
   images: [...document.images].map(i => ({src: i.getAttribute("src"), ok: i.complete && i.naturalWidth > 0})),
   colab: [...document.querySelectorAll("a[href*='colab.research.google.com']")].map(a => a.href),
   // a progress bar printed into an output ("Saving the dataset: 100%|####| 10/10 [00:00<00:00, ...]"), code included
+  logs: document.body.textContent.match(/USDT:\\d{4}-\\d\\d-\\d\\d[^\\n]{0,80}/g) || [],  // the profiler's own log lines
   progress: document.body.textContent.match(/\\d+%\\|[^|\\n]{0,100}\\|\\s*[\\d.]+[kMG]?\\/[\\d.]+[kMG]?\\s*\\[/g) || [],
   tableTop: (t => t ? t.getBoundingClientRect().top + window.scrollY : null)(document.querySelector("main table, article table")),
   screen: window.innerHeight,
@@ -164,6 +165,7 @@ def test_book_page_in_chromium(browser, page, settings):
     colab = colab_url(page, settings)
     assert colab in found["colab"], f"no Colab link to {colab} on {page}: {found['colab']}"
     assert severe_logs(browser) == [], f"JavaScript errors on {page}"
+    assert found["logs"] == [], f"PyTorch profiler log lines printed into the outputs of {page}: {found['logs'][:2]}"
     assert found["progress"] == [], f"progress bars printed into the outputs of {page}: {found['progress'][:3]}"
     if page in RESULTS_FIRST:  # issue 33: a reader states the results from the first screen
         assert found["tableTop"] is not None and found["tableTop"] < found["screen"], (
