@@ -388,18 +388,27 @@ def final_results(run, test: dict, final: dict | None = None) -> dict:
 
 # %% ../../nbs/05a_loop.ipynb #cc9f7b36
 def write_outputs(run, results: dict, predictions: np.ndarray) -> None:
-    "Rank 0: the best model (if saved), the test predictions, the results JSON; then the checkpoint is removed."
+    """Rank 0: the best model (if saved), the test predictions, the results JSON; then the checkpoint is removed.
+    In two phases (chapter 5, *What a run leaves behind*): the marker `replacing_marker` first, then each file
+    atomically, then the record naming every file with its SHA-256 (`written_files`), the marker removed last."""
+    record_path = run.results_dir / f"{run.name}.json"
+    marker = records.replacing_marker(record_path)
+    checkpoints.atomic_save({"run": run.name, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, marker)
+    written = {}
     if run.train_config.save_model:
-        model_path = run.results_dir / "checkpoints" / f"{run.name}.pt"
-        checkpoints.atomic_save({"config": run.model_config.to_dict(), "run": run.name, "best_epoch": run.best["epoch"],
-                     "state_dict": {k: v.cpu() for k, v in run.best["state"].items()}}, model_path)
         results["model_path"] = str(Path("checkpoints") / f"{run.name}.pt")
+        checkpoints.atomic_save({"config": run.model_config.to_dict(), "run": run.name, "best_epoch": run.best["epoch"],
+                     "state_dict": {k: v.cpu() for k, v in run.best["state"].items()}}, run.results_dir / results["model_path"])
+        written[results["model_path"]] = records.file_sha256(run.results_dir / results["model_path"])
         results["pretrained_path"] = str(Path("pretrained") / run.name)
         save_best_pretrained(run, results, run.results_dir / results["pretrained_path"])
-    records.save_predictions(run.results_dir / "predictions" / f"{run.name}.npz", predictions,
-                     np.asarray(run.splits["test"]["label"]))
     results["predictions_path"] = str(Path("predictions") / f"{run.name}.npz")
-    checkpoints.atomic_save(results, run.results_dir / f"{run.name}.json")
+    records.save_predictions(run.results_dir / results["predictions_path"], predictions,
+                     np.asarray(run.splits["test"]["label"]))
+    written[results["predictions_path"]] = records.file_sha256(run.results_dir / results["predictions_path"])
+    results["written_files"] = written
+    checkpoints.atomic_save(results, record_path)
+    marker.unlink()
     for path in (run.checkpoint_path, run.checkpoint_path.with_name("last.pt.tmp")):  # .tmp: the fixed temporary name of earlier versions
         path.unlink(missing_ok=True)
     folder = run.checkpoint_path.parent

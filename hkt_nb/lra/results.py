@@ -134,13 +134,14 @@ def load_predictions(results_dir,  # folder holding the run records
     """Test-set `(predictions, labels)` of a run, two int64 arrays of shape (n_test,) in test-split order, or None
     when the run recorded none (no `predictions_path`, or no file there). Read by `read_predictions` (chapter 5):
     raises UnreadableRecordError, a ValueError naming the file, when it is damaged, lacks an array, holds empty
-    arrays, or its arrays' shapes differ or disagree with `n_test_evaluated`."""
+    arrays, or its arrays' shapes differ or disagree with `n_test_evaluated`, or it is not the file the record was
+    written with (its SHA-256 in `written_files`)."""
     from hkt_nb.train.records import read_predictions
     relative = record.get("predictions_path")
     path = Path(results_dir) / relative if relative else None
     if path is None or not path.exists():
         return None
-    return read_predictions(path, record.get("n_test_evaluated"))
+    return read_predictions(path, record.get("n_test_evaluated"), record.get("written_files", {}).get(relative))
 
 # %% ../../nbs/09_results.ipynb #22de8ac8
 def copy_finished_runs(source_dir,  # a training folder's results/ (records, predictions/, checkpoints/)
@@ -570,7 +571,8 @@ def run_grid(results_dir,  # folder holding the run records
                 elif record.get("predictions_path") and (folder / record["predictions_path"]).exists():
                     status = "finished"
                     try:
-                        read_predictions(folder / record["predictions_path"], record.get("n_test_evaluated"))
+                        read_predictions(folder / record["predictions_path"], record.get("n_test_evaluated"),
+                                         record.get("written_files", {}).get(record["predictions_path"]))
                     except UnreadableRecordError as error:
                         status = f"finished, {error}"
                 else:

@@ -45,7 +45,13 @@ try:  # the [lra] extra: its absence is reported by `hkt-train` in one line, nev
     from hkt_nb.model import HKTClassifier, count_parameters
     from hkt_nb.train.checkpoints import RunLockedError, atomic_save
     from hkt_nb.train.distributed import resolve_device
-    from hkt_nb.train.records import UnreadableRecordError, read_record, save_predictions
+    from hkt_nb.train.records import (
+        UnreadableRecordError,
+        check_written_file,
+        file_sha256,
+        read_record,
+        save_predictions,
+    )
     from hkt_nb.train.workspace import (  # noqa: F401 (fetch_record, records_url: also read from here)
         _clone_root,
         default_results_dir,
@@ -621,7 +627,7 @@ def predict_run(
     test_split = load_task(record["task"], data_dir, caps=train_config.caps(), seed=train_config.data_seed,
                            options=train_config.task_options)["test"]
     device = resolve_device(device)
-    network = HKTClassifier.from_checkpoint(results_path.parent / record["model_path"]).to(device)
+    network = HKTClassifier.from_checkpoint(check_written_file(results_path.parent, record, record["model_path"])).to(device)
     loader = make_dataloader(test_split, 2 * train_config.batch_size, seed=record["seed"],
                              max_length=network.cfg.max_len)
     test = evaluate(network, loader, device, predictions=True)
@@ -630,6 +636,8 @@ def predict_run(
     save_predictions(results_path.parent / "predictions" / f"{record['run']}.npz", test["predictions"],
                      np.asarray(test_split["label"]))
     record["predictions_path"] = str(Path("predictions") / f"{record['run']}.npz")
+    if "written_files" in record:  # the record names its files with their hashes: the new predictions too
+        record["written_files"][record["predictions_path"]] = file_sha256(results_path.parent / record["predictions_path"])
     atomic_save(record, results_path)
     return record
 

@@ -19,8 +19,8 @@ import hkt_nb
 from .checkpoints import atomic_write
 
 # %% auto #0
-__all__ = ['RECORD_KEYS', 'TEST_KEYS', 'hardware_info', 'library_versions', 'hkt_internals', 'save_predictions',
-           'UnreadableRecordError', 'read_record', 'read_predictions']
+__all__ = ['RECORD_KEYS', 'TEST_KEYS', 'hardware_info', 'library_versions', 'hkt_internals', 'save_predictions', 'file_sha256',
+           'replacing_marker', 'check_written_file', 'UnreadableRecordError', 'read_record', 'read_predictions']
 
 # %% ../../nbs/05e_records.ipynb #833244d1
 def hardware_info(device: torch.device, world_size: int) -> dict:
@@ -69,6 +69,43 @@ def save_predictions(path: Path, predictions: np.ndarray, labels: np.ndarray) ->
     atomic_write(path, lambda file: np.savez_compressed(file, **arrays))
 
 
+# %% ../../nbs/05e_records.ipynb #60f3940b
+def file_sha256(path: str | os.PathLike) -> str:
+    "The SHA-256 of the file at `path`, as 64 hex digits (read in blocks of 1 MiB). Raises OSError when unreadable."
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def replacing_marker(record_path: str | os.PathLike) -> Path:
+    """The marker `.<run>.json.replacing` beside the record `record_path`: present while `write_outputs` (chapter 5)
+    replaces a run's files, and left behind when that was interrupted."""
+    record_path = Path(record_path)
+    return record_path.with_name(f".{record_path.name}.replacing")
+
+
+def check_written_file(results_dir: str | os.PathLike,  # the folder the record's paths are relative to
+                       record: dict,  # a run record (`read_record`)
+                       relative: str,  # one of its files, e.g. its `predictions_path` or `model_path`
+                       ) -> Path:  # the file's path
+    """The file `relative` of a run, checked against the SHA-256 its record wrote (`written_files`; records of
+    earlier versions have none, and their files are not checked). Raises FileNotFoundError when the file is missing
+    and UnreadableRecordError naming both files when its content is not the one the record was written with."""
+    path = Path(results_dir) / relative
+    if not path.is_file():
+        raise FileNotFoundError(f"no file {path} (named by the record of {record.get('run')})")
+    expected = record.get("written_files", {}).get(str(relative))
+    if expected is not None and file_sha256(path) != expected:
+        raise UnreadableRecordError(
+            f"unreadable {path}: it is not the file the record of {record.get('run')} was written with (SHA-256 "
+            f"{expected[:12]}... expected): the two come from different runs (a copy or a replacement cut short); "
+            "restore both from one source (e.g. git checkout) or rerun the run with retrain (hkt-train --retrain)")
+    return path
+
 # %% ../../nbs/05e_records.ipynb #2301e32c
 #: The keys a run record must have to be read (`run_record` writes them); a complete one also `TEST_KEYS`
 #: (`final_results`). A record missing others (a configuration) is read, and simply conforms to no preset.
@@ -84,7 +121,8 @@ def read_record(path: str | os.PathLike) -> dict:  # the record
     """The run record (results JSON) at `path`, checked: a JSON object with every key of `RECORD_KEYS`, and of
     `TEST_KEYS` when it says `"complete": true`. Raises FileNotFoundError when there is no file, and
     UnreadableRecordError naming the file and the problem when it cannot be read, is not JSON (e.g. truncated), is
-    JSON of another shape (a list) or lacks keys."""
+    JSON of another shape (a list) or lacks keys, or when its run's files are being replaced or their replacement
+    was interrupted (the marker `replacing_marker(path)` is there)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -92,6 +130,12 @@ def read_record(path: str | os.PathLike) -> dict:  # the record
         raise
     except (OSError, UnicodeDecodeError) as error:
         raise UnreadableRecordError(f"unreadable record {path}: {type(error).__name__}: {error}") from None
+    marker = replacing_marker(path)
+    if marker.exists():
+        raise UnreadableRecordError(
+            f"unreadable record {path}: its run's files are being replaced, or their replacement was interrupted "
+            f"({marker} is there), so the record, its predictions and its model may come from different runs; rerun "
+            "the run with retrain (hkt-train --retrain), or delete the marker if you know that no run is writing")
     try:
         record = json.loads(text)
     except ValueError as error:
@@ -110,13 +154,19 @@ def read_record(path: str | os.PathLike) -> dict:  # the record
 def read_predictions(
     path: str | os.PathLike,  # a `.npz` written by `save_predictions`
     n_expected: int | None = None,  # the number of test examples the record says were evaluated
+    sha256: str | None = None,  # the file's SHA-256 as its record wrote it (`written_files`), checked when given
 ) -> tuple[np.ndarray, np.ndarray]:  # (predictions, labels), two int64 arrays of shape (n_test,)
     """The test predictions and labels at `path`, checked: a readable `.npz` with the arrays `predictions` and
-    `labels`, both 1-d, of one non-zero length (equal to `n_expected` when given). Raises FileNotFoundError when there
-    is no file, UnreadableRecordError naming the file and the problem otherwise."""
+    `labels`, both 1-d, of one non-zero length (equal to `n_expected` when given), with the SHA-256 `sha256` when
+    given. Raises FileNotFoundError when there is no file, UnreadableRecordError naming the file and the problem
+    otherwise."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no predictions file {path}")
+    if sha256 is not None and file_sha256(path) != sha256:
+        raise UnreadableRecordError(f"unreadable predictions {path}: not the file its record was written with "
+                                    f"(SHA-256 {sha256[:12]}... expected): they come from different runs; restore "
+                                    "both from one source (e.g. git checkout) or rerun the run with retrain")
     try:
         with np.load(path, allow_pickle=False) as arrays:
             missing = [name for name in ("predictions", "labels") if name not in arrays.files]
