@@ -4,7 +4,8 @@ every file with its SHA-256, each atomically (`os.replace`), and removes the mar
 retrains a run over an old one is killed (SIGKILL) just before each of its renames, and just before the marker's
 removal. A reader must then see the old run whole, the new run whole, or an error that names the interrupted
 replacement: never the old record with the new predictions or model. Also: a record beside predictions of another
-run (a copy), and a later write clearing what a killed one left."""
+run (a copy), and a later write clearing what a killed one left. The training checkpoint, one file, is killed in
+the middle of its write, before its fsync, before and after its rename: it reads back as the old one or the new one."""
 import json
 import os
 import shutil
@@ -164,3 +165,52 @@ def test_read_predictions_checks_the_hash_only_when_given(tmp_path):
     assert read_predictions(path, 3, file_sha256(path))[1].tolist() == [1, 1, 2]
     with pytest.raises(UnreadableRecordError, match="not the file its record was written with"):
         read_predictions(path, 3, "0" * 64)
+
+
+# --- the training checkpoint: one file, replaced atomically ------------------------------------------------------
+
+CHECKPOINT_CHILD = """
+import os, signal, sys, torch
+from pathlib import Path
+from hkt_nb.train import checkpoints
+
+path, step = Path(sys.argv[1]), sys.argv[2]
+real_fsync, real_replace, real_save = os.fsync, os.replace, torch.save
+
+def kill():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def half_written(obj, file):  # killed in the middle of the write: half of the bytes reach the temporary file
+    import io
+    buffer = io.BytesIO(); real_save(obj, buffer)
+    file.write(buffer.getvalue()[: len(buffer.getvalue()) // 2]); file.flush(); kill()
+
+if step == "mid-write":
+    torch.save = half_written
+elif step == "before-fsync":
+    os.fsync = lambda fd: kill()
+elif step == "before-rename":
+    os.replace = lambda a, b: kill()
+elif step == "after-rename":
+    os.replace = lambda a, b: (real_replace(a, b), kill())
+checkpoints.atomic_save({"epoch": 2, "model": {"w": torch.full((64, 64), 2.0)}}, path)
+"""
+
+
+@pytest.mark.parametrize("step", ["mid-write", "before-fsync", "before-rename", "after-rename", "never"])
+def test_a_checkpoint_write_killed_at_any_step_leaves_the_old_checkpoint_or_the_new_one(step, tmp_path, repo_root):
+    "The epoch-1 checkpoint is replaced by epoch 2's; killed at any step, `read_checkpoint` gives one of the two, whole."
+    import torch
+
+    from hkt_nb.train.checkpoints import atomic_save, read_checkpoint
+
+    path = tmp_path / "checkpoints" / RUN / "last.pt"
+    atomic_save({"epoch": 1, "model": {"w": torch.full((64, 64), 1.0)}}, path)
+    out = subprocess.run([sys.executable, "-c", CHECKPOINT_CHILD, str(path), step], capture_output=True, text=True,
+                         cwd=repo_root, env={**os.environ, "PYTHONPATH": str(repo_root), "OMP_NUM_THREADS": "1"})
+    assert out.returncode == (0 if step == "never" else -signal.SIGKILL), out.stderr
+    checkpoint = read_checkpoint(path, "cpu")
+    expected = 2 if step in ("after-rename", "never") else 1
+    assert checkpoint["epoch"] == expected and torch.equal(checkpoint["model"]["w"], torch.full((64, 64), float(expected)))
+    # what a killed writer leaves is at most its own hidden temporary file, never a second checkpoint
+    assert [p.name for p in path.parent.iterdir() if not p.name.startswith(".")] == ["last.pt"]
