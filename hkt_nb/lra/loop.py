@@ -61,8 +61,9 @@ def train(
     "Train one run, step by step (chapter 5); launch under `torchrun` for several processes."
     spec_values, option_values = split_keywords(keywords)
     spec, options = RunSpec(task, model, preset, seed, **spec_values), replace(options or RunOptions(), **option_values)
-    with (lock_run(spec, options),  # one live run per name (RunLockedError otherwise)
-          checkpoints.folders_removed_on_error(_checkpoint_folder(spec, options))):  # no empty folder left by a failure
+    with (checkpoints.folders_removed_on_error(absolute_path(options.results_dir)),  # a failed run (a full disk)
+          checkpoints.folders_removed_on_error(_checkpoint_folder(spec, options)),  # leaves no empty folder it made
+          lock_run(spec, options)):  # one live run per name (RunLockedError otherwise)
         run = build_run(spec, options)
         restore(run)
         announce(run)
