@@ -16,6 +16,8 @@ from typing import get_type_hints
 
 import torch
 
+from .train.checkpoints import disk_full_error, disk_full_reason, folders_removed_on_error  # chapter 5d
+
 # %% auto #0
 __all__ = ['CONFIG_NAME', 'WEIGHTS_NAME', 'CARD_NAME', 'PAPER_URL', 'REPO_URL', 'HUB_EXTRA', 'FILES_KEY', 'ATTENTION_NAMES',
            'config_to_dict', 'config_from_dict', 'read_config', 'save_weights', 'weights_header', 'header_problems',
@@ -128,12 +130,23 @@ def _write_synced(path: str, write) -> None:
         os.fsync(file.fileno())
 
 
+def _raise_if_full(error: BaseException, path: Path) -> None:
+    "Raise the one-line `DiskFullError` naming `path` when `error` is a full disk (`disk_full_reason`, chapter 5d)."
+    reason = disk_full_reason(error)
+    if reason is not None:
+        raise disk_full_error(path, reason) from error
+
+
 def _replace_atomically(path: Path, write) -> None:
-    "Write a file through `write(tmp_path)` into the same folder, then move it over `path` (no half-written file)."
+    """Write a file through `write(tmp_path)` into the same folder, then move it over `path` (no half-written file);
+    a full disk raises `DiskFullError` naming `path`, which is left as it was."""
     tmp = str(path.with_name(f".{path.name}.{os.getpid()}.tmp"))
     try:
         _write_synced(tmp, write)
         os.replace(tmp, path)
+    except BaseException as error:
+        _raise_if_full(error, path)
+        raise
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -164,7 +177,7 @@ def _aliases(model: torch.nn.Module) -> dict[str, str]:
 def save_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
     """The `state_dict` of `model` as a safetensors file `path` (tensor names = parameter names, moved to the CPU,
     each tied tensor once, metadata {"format": "pt"} as huggingface_hub writes), written next to `path` and moved
-    over it."""
+    over it. A full disk raises `DiskFullError` naming `path`."""
     st = _safetensors_torch()
     tensors = _unique_state(model)
     _replace_atomically(Path(path), lambda tmp: st.save_file(tensors, tmp, metadata={"format": "pt"}))
@@ -413,46 +426,56 @@ class PretrainedMixin:
         config.json is removed, the weights and the card are moved into place, and the new config.json last. A save
         killed at any step leaves the old model, the new one, or a folder without config.json, which
         `from_pretrained` refuses naming what is missing; never the config of one model with the weights of another.
-        Raises `ValueError` when `record` describes a model of another configuration."""
+        A full disk (ENOSPC, EFBIG) raises `DiskFullError`, one line naming the file that could not be written; the
+        old files are left as they were, no temporary file remains, and a folder this call created is removed again
+        (also after any other error). Raises `ValueError` when `record` describes a model of another configuration."""
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        record, config = _read_record(record), config_to_dict(self.cfg)
-        if record and "config" in record and "model" in record["config"]:
-            recorded = config_to_dict(config_from_dict(self._config_class(), record["config"]["model"]))
-            if recorded != config:
-                raise ValueError(f"record {record.get('run', '')!r} is of a model with config {recorded}, not {config}")
-        st = _safetensors_torch()
-        tensors = _unique_state(self)
-        n_params = sum(p.numel() for p in self.parameters() if p.requires_grad)
-        card = self.card_text(record, repo_id, n_params)
-        names = (WEIGHTS_NAME, CARD_NAME, CONFIG_NAME)
-        for stale in folder.glob(".*.tmp"):  # left by a save that was killed (two saves at once are not supported)
-            if stale.name.split(".")[1] in {n.split(".")[0] for n in names}:
-                stale.unlink(missing_ok=True)
-        tmp = {name: folder / f".{name}.{os.getpid()}.tmp" for name in names}
-        try:
-            _write_synced(str(tmp[WEIGHTS_NAME]), lambda p: st.save_file(tensors, p, metadata={"format": "pt"}))
-            _after_save_step("weights written")
-            _write_synced(str(tmp[CARD_NAME]), lambda p: Path(p).write_text(card, encoding="utf-8"))
-            _after_save_step("card written")
-            saved = {WEIGHTS_NAME: {"bytes": tmp[WEIGHTS_NAME].stat().st_size, "sha256": _sha256(tmp[WEIGHTS_NAME])}}
-            text = json.dumps({**config, FILES_KEY: saved}, sort_keys=True, indent=2)
-            _write_synced(str(tmp[CONFIG_NAME]), lambda p: Path(p).write_text(text, encoding="utf-8"))
-            _after_save_step("config written")
-            (folder / CONFIG_NAME).unlink(missing_ok=True)  # from here until the last step: no config, no model
-            _after_save_step("old config removed")
-            for name in names:  # the config last: it commits the save
-                os.replace(tmp[name], folder / name)
-                _after_save_step(f"{name} in place")
-            if hasattr(os, "O_DIRECTORY"):
-                fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        finally:
-            for path in tmp.values():
-                path.unlink(missing_ok=True)
+        with folders_removed_on_error(folder):  # a failed first save leaves no empty folder
+            folder.mkdir(parents=True, exist_ok=True)
+            record, config = _read_record(record), config_to_dict(self.cfg)
+            if record and "config" in record and "model" in record["config"]:
+                recorded = config_to_dict(config_from_dict(self._config_class(), record["config"]["model"]))
+                if recorded != config:
+                    raise ValueError(f"record {record.get('run', '')!r} is of a model with config {recorded}, not {config}")
+            st = _safetensors_torch()
+            tensors = _unique_state(self)
+            n_params = sum(p.numel() for p in self.parameters() if p.requires_grad)
+            card = self.card_text(record, repo_id, n_params)
+            names = (WEIGHTS_NAME, CARD_NAME, CONFIG_NAME)
+            for stale in folder.glob(".*.tmp"):  # left by a save that was killed (two saves at once are not supported)
+                if stale.name.split(".")[1] in {n.split(".")[0] for n in names}:
+                    stale.unlink(missing_ok=True)
+            tmp = {name: folder / f".{name}.{os.getpid()}.tmp" for name in names}
+            current = folder / WEIGHTS_NAME  # the file being written: a DiskFullError names it
+            try:
+                _write_synced(str(tmp[WEIGHTS_NAME]), lambda p: st.save_file(tensors, p, metadata={"format": "pt"}))
+                _after_save_step("weights written")
+                current = folder / CARD_NAME
+                _write_synced(str(tmp[CARD_NAME]), lambda p: Path(p).write_text(card, encoding="utf-8"))
+                _after_save_step("card written")
+                saved = {WEIGHTS_NAME: {"bytes": tmp[WEIGHTS_NAME].stat().st_size, "sha256": _sha256(tmp[WEIGHTS_NAME])}}
+                text = json.dumps({**config, FILES_KEY: saved}, sort_keys=True, indent=2)
+                current = folder / CONFIG_NAME
+                _write_synced(str(tmp[CONFIG_NAME]), lambda p: Path(p).write_text(text, encoding="utf-8"))
+                _after_save_step("config written")
+                current = folder
+                (folder / CONFIG_NAME).unlink(missing_ok=True)  # from here until the last step: no config, no model
+                _after_save_step("old config removed")
+                for name in names:  # the config last: it commits the save
+                    os.replace(tmp[name], folder / name)
+                    _after_save_step(f"{name} in place")
+                if hasattr(os, "O_DIRECTORY"):
+                    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            except BaseException as error:
+                _raise_if_full(error, current)
+                raise
+            finally:
+                for path in tmp.values():
+                    path.unlink(missing_ok=True)
         return folder
 
     @classmethod

@@ -343,18 +343,23 @@ def load_baseline_predictions(results_dir, task: str, preset: str, name: str) ->
 
 
 def save_baselines(result: dict, results_dir) -> list:
-    "Write a `fit_baselines` result under `results_dir/baselines/` (JSON + one .npz per baseline); the paths written."
+    """Write a `fit_baselines` result under `results_dir/baselines/` (JSON + one .npz per baseline), each file
+    atomically (`atomic_write`, chapter 5d: a full disk raises `DiskFullError` naming the file, which is left as it
+    was, and no empty folder stays behind); the paths written."""
     import json
 
+    from hkt_nb.train.checkpoints import atomic_write
+
     path = baseline_path(results_dir, result["task"], result["preset"])
-    (path.parent / "predictions").mkdir(parents=True, exist_ok=True)
     written = []
     for name, pred in result["predictions"].items():
         npz = baseline_predictions_path(results_dir, result["task"], result["preset"], name)
-        np.savez_compressed(npz, predictions=np.asarray(pred, dtype=np.int64), labels=result["test_labels"])
+        arrays = {"predictions": np.asarray(pred, dtype=np.int64), "labels": result["test_labels"]}
+        atomic_write(npz, lambda file, arrays=arrays: np.savez_compressed(file, **arrays))
         written.append(npz)
     body = {k: v for k, v in result.items() if k not in ("predictions", "test_labels")}
-    path.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+    text = json.dumps(body, indent=1, sort_keys=True) + "\n"
+    atomic_write(path, lambda file: file.write(text.encode()))
     return [path, *written]
 
 

@@ -61,7 +61,9 @@ def train(
     "Train one run, step by step (chapter 5); launch under `torchrun` for several processes."
     spec_values, option_values = split_keywords(keywords)
     spec, options = RunSpec(task, model, preset, seed, **spec_values), replace(options or RunOptions(), **option_values)
-    with lock_run(spec, options):  # one live run per name (RunLockedError otherwise)
+    with (checkpoints.folders_removed_on_error(absolute_path(options.results_dir)),  # a failed run (a full disk)
+          checkpoints.folders_removed_on_error(_checkpoint_folder(spec, options)),  # leaves no empty folder it made
+          lock_run(spec, options)):  # one live run per name (RunLockedError otherwise)
         run = build_run(spec, options)
         restore(run)
         announce(run)
@@ -119,6 +121,13 @@ class Run:
             print(*message, flush=True)
 
 # %% ../../nbs/05a_loop.ipynb #7aee1790
+def _checkpoint_folder(spec: RunSpec, options: RunOptions) -> Path:
+    "The folder of the run's per-epoch checkpoint: `options.checkpoint_dir`, else `<results_dir>/checkpoints/<run>`."
+    if options.checkpoint_dir:
+        return absolute_path(options.checkpoint_dir)
+    return absolute_path(options.results_dir) / "checkpoints" / run_identity(spec.resolved())[0]
+
+
 def build_run(spec: RunSpec, options: RunOptions) -> Run:
     """Step 1: check the folders, load the data, build the model (under the run's seed, identical on every
     process), the optimiser and the schedule. Raises ValueError (unwritable folder, missing split, batch size
@@ -130,8 +139,7 @@ def build_run(spec: RunSpec, options: RunOptions) -> Run:
         raise ValueError(f"batch_size={train_config.batch_size} must be divisible by the number of processes ({world})")
     name, differences = run_identity(spec)
     results_dir = checkpoints.writable_folder(absolute_path(options.results_dir), "results_dir")
-    checkpoint_dir = checkpoints.writable_folder(absolute_path(options.checkpoint_dir) if options.checkpoint_dir
-                                                 else results_dir / "checkpoints" / name, "checkpoint_dir")
+    checkpoint_dir = checkpoints.writable_folder(_checkpoint_folder(spec, options), "checkpoint_dir")
     splits, vocab_size, n_classes = spec.load_splits(options.data_dir)
     seq_len = get_task(spec.task).seq_len_for(train_config.task_options)  # the T of the run's data options
     model_config = build_config(spec.task, spec.model, spec.preset, vocab_size, n_classes, seq_len,

@@ -43,7 +43,7 @@ try:  # the [lra] extra: its absence is reported by `hkt-train` in one line, nev
     from hkt_nb.lra.loop import evaluate, train
     from hkt_nb.lra.tasks import get_task
     from hkt_nb.model import HKTClassifier, count_parameters
-    from hkt_nb.train.checkpoints import RunLockedError, atomic_save
+    from hkt_nb.train.checkpoints import DiskFullError, RunLockedError, atomic_save
     from hkt_nb.train.distributed import resolve_device
     from hkt_nb.train.records import (
         UnreadableRecordError,
@@ -556,7 +556,8 @@ def main(argv=None) -> None:
     Returns None (exit status 0) when the run trained, or when a finished run of the same configuration exists
     (`reusable_run`: it says so and trains nothing unless `--retrain`); the results are in the JSON file. Exits with a one-line
     message and a non-zero status when the call trained nothing (status 1: e.g. a time budget spent before the first
-    step), when another process is training the same run (1, `RunLockedError`), when the run's own record is
+    step), when another process is training the same run (1, `RunLockedError`), when a write finds the disk full (1,
+    `DiskFullError`, naming the file; a first checkpoint that fails leaves no folder behind), when the run's own record is
     damaged (1, `UnreadableRecordError`, unless `--retrain`), and on Ctrl-C (130, with the command
     that resumes the run, or saying that nothing was checkpointed when no epoch had finished). Bad arguments exit with argparse's status 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -600,6 +601,11 @@ def main(argv=None) -> None:
         print(f"\nhkt-train: interrupted; {then}", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     except RunLockedError as error:
+        raise SystemExit(f"hkt-train: {error}") from None
+    except DiskFullError as error:  # one line naming the file, no traceback; the empty folders this call made go
+        for path in created:
+            if path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
         raise SystemExit(f"hkt-train: {error}") from None
     finally:
         if dist.is_available() and dist.is_initialized():

@@ -18,8 +18,8 @@ import torch
 
 # %% auto #0
 __all__ = ['seed_everything', 'rng_state', 'set_rng_state', 'DiskFullError', 'disk_full_reason', 'disk_full_error',
-           'atomic_write', 'atomic_save', 'writable_folder', 'RunLockedError', 'run_lock', 'lock_run',
-           'read_checkpoint']
+           'folders_removed_on_error', 'atomic_write', 'atomic_save', 'writable_folder', 'RunLockedError', 'run_lock',
+           'lock_run', 'read_checkpoint']
 
 # %% ../../nbs/05d_checkpoints.ipynb #bee55233
 def seed_everything(seed: int) -> None:
@@ -91,6 +91,18 @@ def _remove_empty(folders: list[Path]) -> None:
     for folder in folders:
         with contextlib.suppress(OSError):
             folder.rmdir()
+
+
+@contextlib.contextmanager
+def folders_removed_on_error(folder: Path):
+    """Run the block; when it raises (also KeyboardInterrupt), remove again the folders on the way to `folder` that
+    did not exist before the block and are left empty: a failed first write (a full disk) leaves no empty folder."""
+    made = _made_folders(Path(folder))
+    try:
+        yield
+    except BaseException:
+        _remove_empty(made)
+        raise
 
 
 def atomic_write(path: Path, write) -> None:
