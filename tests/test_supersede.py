@@ -38,4 +38,5 @@ def test_a_run_of_an_old_size_moves_to_its_variant_name(tmp_path):
     assert not (tmp_path / template.name).exists() and (tmp_path / "predictions" / f"{name}.npz").is_file()
     assert moved["run"] == name and moved["variant"] == variant and moved["overrides"] == {"train": {"n_train": 12_345}}
     assert moved["predictions_path"] == f"predictions/{name}.npz" and moved["test_acc"] == record["test_acc"]
+    assert json.loads((tmp_path / "variants.json").read_text()) == {"runs": [name]}  # the index chapters fetch variants by
     assert not conforms_to_preset(moved, "cpu") and runner.superseded(tmp_path, "cpu", "listops") == []

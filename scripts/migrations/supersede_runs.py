@@ -66,6 +66,15 @@ def move(source: Path, target: Path, dry_run: bool) -> None:
         source.rename(target)
 
 
+def write_variants_index(results_dir: Path) -> list[str]:
+    """Write `<results_dir>/variants.json` (`VARIANTS_INDEX`, chapter 9), {"runs": the sorted names of the finished variant runs
+    there, the list a chapter opened alone fetches them by (`committed_results_dir(..., variants=True)`)}. Returns the names."""
+    names = sorted(record["run"] for path in sorted(results_dir.glob("*-seed*.json"))
+                   if (record := json.loads(path.read_text())).get("variant") and record.get("complete"))
+    (results_dir / "variants.json").write_text(json.dumps({"runs": names}, indent=1) + "\n")
+    return names
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="cpu")
@@ -85,6 +94,8 @@ def main(argv=None) -> None:
         if not args.dry_run:
             move(path, target, False)
             target.write_text(json.dumps(new, indent=1) + "\n")
+    if not args.dry_run:
+        write_variants_index(results)
 
 
 if __name__ == "__main__":
