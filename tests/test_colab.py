@@ -122,6 +122,27 @@ def test_an_unreachable_address_raises(tmp_path, monkeypatch):
         committed_results_dir("baselines/*-cpu.json", results_dir=tmp_path / "results")
 
 
+def test_only_files_the_source_lacks_are_remembered_as_absent(tmp_path, monkeypatch):
+    """A file the stand-in address does not hold is written into the marker and not asked for again; one that could
+    not be reached (a network failure: here a URL that no server answers) is not, so the next call asks again."""
+    import json
+
+    from hkt_nb.lra.results import FETCHED_MARKER, committed_results_dir
+
+    monkeypatch.delenv("HKT_RESULTS_DIR", raising=False)
+    source = tmp_path / "source"
+    shutil.copytree(RESULTS / "baselines", source / "baselines")
+    (source / "baselines" / "imdb-cpu.json").unlink()  # "not committed"
+    monkeypatch.setenv("HKT_NB_RECORDS", str(source))
+    folder = committed_results_dir("baselines/*-cpu.json", results_dir=tmp_path / "a")
+    assert json.loads((folder / FETCHED_MARKER).read_text())["absent"] == ["baselines/imdb-cpu.json"]
+    assert (folder / "baselines" / "listops-cpu.json").read_bytes() == (RESULTS / "baselines" / "listops-cpu.json").read_bytes()
+    (folder / "baselines" / "listops-cpu.json").unlink()
+    monkeypatch.setenv("HKT_NB_RECORDS", "http://127.0.0.1:9")  # the discard port: the connection is refused
+    committed_results_dir("baselines/*-cpu.json", results_dir=folder)
+    assert json.loads((folder / FETCHED_MARKER).read_text())["absent"] == ["baselines/imdb-cpu.json"]  # unchanged
+
+
 @pytest.mark.parametrize("chapter", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CHAPTERS])
 def test_a_chapter_opened_alone_states_the_repositorys_results(chapter, tmp_path, alone_env):
     source = ROOT / "nbs" / f"{chapter}.ipynb"

@@ -150,6 +150,17 @@ def committed_names(*patterns: str,  # globs relative to results/, e.g. "checkpo
     return sorted(dict.fromkeys(out), key=lambda name: name.endswith(".json"))  # stable: records last
 
 
+def _not_committed(error: FileNotFoundError) -> bool:
+    """Whether `fetch_record`'s error says the source lacks the file (HTTP 404, or no such file in a local stand-in
+    folder), rather than that it could not be reached (a timeout, no network, a server error)."""
+    import urllib.error
+
+    cause = error.__context__  # fetch_record raises `from None`: the original error is still its context
+    if isinstance(cause, urllib.error.HTTPError):
+        return cause.code == 404
+    return isinstance(cause, FileNotFoundError)
+
+
 def committed_results_dir(*patterns: str,  # what the chapter reads, as globs relative to results/ (`committed_names`)
                           results_dir=None,  # the folder the chapter reads (None: `default_results_dir()`, chapter 5)
                           variants: bool = False,  # the committed variant runs as well (those `VARIANTS_INDEX` lists)
@@ -161,7 +172,8 @@ def committed_results_dir(*patterns: str,  # what the chapter reads, as globs re
     `committed_names(*patterns)` it lacks is fetched by `fetch_record` (chapter 5: copied from `$HKT_NB_RECORDS`, a
     folder or URL, else downloaded from the repository at this version), several at a time, the JSON records last
     (a record marks its run finished); with `variants`, first `VARIANTS_INDEX` and then the variant runs it lists.
-    A file the repository does not have (a run not yet trained) is skipped and named in the marker, so it is not asked for again; files already there are kept. A
+    A file the repository does not have (a run not yet trained) is skipped and named in the marker, so it is not
+    asked for again (one that could not be reached is asked for again next time); files already there are kept. A
     folder that holds run records of its own (records but no `FETCHED_MARKER`, which this function writes) is left
     as it is: runs trained there are never mixed with the committed ones. Raises ValueError for a pattern that
     matches nothing (`committed_names`), RuntimeError when no address is known (`records_url`), and
@@ -187,7 +199,7 @@ def committed_results_dir(*patterns: str,  # what the chapter reads, as globs re
             return fetch_record(name, folder)
         except FileNotFoundError as error:  # not committed (yet), or unreachable
             errors.append(error)
-            return None
+            return None if _not_committed(error) else False  # False: a failure worth trying again next time
 
     marker = folder / FETCHED_MARKER
     absent = set(json.loads(marker.read_text()).get("absent", [])) if marker.is_file() else set()
@@ -203,6 +215,7 @@ def committed_results_dir(*patterns: str,  # what the chapter reads, as globs re
         raise FileNotFoundError(f"none of the {len(missing)} committed files this chapter reads could be fetched; "
                                 f"the first: {errors[0]}")
     absent |= {name for name, path in zip(missing, got) if path is None}  # not committed: not asked for again
+    # (a network failure, `False`, is not remembered: the next call asks again)
     marker.write_text(json.dumps({"absent": sorted(absent)}, indent=0) + "\n")
     return folder
 
