@@ -160,3 +160,44 @@ def test_an_arm_registered_here_trains_for_one_smoke_epoch(tmp_path, one_thread,
     assert abs(record["n_params"] - reference["n_params"]) <= config.n_layers * (2 * config.d_model + 1) / 2
     assert len(record["lambdas"]) == config.n_layers and len(record["history"]) == 1
     assert (tmp_path / f"{record['run']}.json").is_file() and "hkt_s3" in ARMS
+
+
+def test_datasets_progress_turns_the_bars_off_inside_only_and_restores_them():
+    import datasets
+
+    from hkt_nb.lra.loop import datasets_progress
+
+    assert not datasets.are_progress_bars_disabled()
+    with datasets_progress(False):
+        assert datasets.are_progress_bars_disabled()
+    assert not datasets.are_progress_bars_disabled()
+    with datasets_progress(True):
+        assert not datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()  # a user who turned them off keeps them off
+    try:
+        with datasets_progress(False):
+            pass
+        assert datasets.are_progress_bars_disabled()
+    finally:
+        datasets.enable_progress_bars()
+
+
+@pytest.mark.slow
+def test_no_progress_prints_no_bar_at_all(tmp_path, repo_root):
+    """`hkt-train --no-progress` on a cold cache (the data is generated and tokenised): no progress bar on stderr,
+    neither the loop's nor the `datasets` library's ("tokenising", "Saving the dataset")."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HKT_CACHE_DIR": str(tmp_path / "cache"), "HF_DATASETS_CACHE": str(tmp_path / "hf"),
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo_root)}
+    env.pop("HF_DATASETS_DISABLE_PROGRESS_BARS", None)
+    env.pop("TQDM_DISABLE", None)
+    out = subprocess.run([sys.executable, "-m", "hkt_nb.lra.runs", "--task", "listops", "--model", "hkt", "--preset",
+                          "smoke", "--seed", "0", "--epochs", "1", "--threads", "1", "--no-progress",
+                          "--results-dir", str(tmp_path / "r")], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    bars = re.findall(r"\d+%\|", out.stderr + out.stdout)
+    assert bars == [] and "tokenising" not in out.stderr, out.stderr[-2000:]

@@ -44,9 +44,9 @@ from .benchmarks import absolute_path, make_dataloader
 from .tasks import get_task
 
 # %% auto #0
-__all__ = ['train', 'Run', 'build_run', 'train_one_epoch', 'evaluate', 'validate', 'finish', 'make_loaders', 'lock_run',
-           'fingerprint', 'save_checkpoint', 'restore', 'run_record', 'announce', 'final_results', 'write_outputs',
-           'save_best_pretrained', 'report_stop']
+__all__ = ['train', 'Run', 'datasets_progress', 'build_run', 'train_one_epoch', 'evaluate', 'validate', 'finish', 'make_loaders',
+           'lock_run', 'fingerprint', 'save_checkpoint', 'restore', 'run_record', 'announce', 'final_results',
+           'write_outputs', 'save_best_pretrained', 'report_stop']
 
 # %% ../../nbs/05a_loop.ipynb #aa770856
 def train(
@@ -128,6 +128,23 @@ def _checkpoint_folder(spec: RunSpec, options: RunOptions) -> Path:
     return absolute_path(options.results_dir) / "checkpoints" / run_identity(spec.resolved())[0]
 
 
+@contextlib.contextmanager
+def datasets_progress(enabled: bool):
+    """The `datasets` library's own progress bars (tokenising, "Saving the dataset") inside the block: turned off
+    when `enabled` is False (`progress=False`, `hkt-train --no-progress`, a process other than rank 0) and restored
+    after; left as they are otherwise."""
+    import datasets
+
+    was_disabled = datasets.are_progress_bars_disabled()
+    if not enabled:
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not enabled and not was_disabled:
+            datasets.enable_progress_bars()
+
+
 def build_run(spec: RunSpec, options: RunOptions) -> Run:
     """Step 1: check the folders, load the data, build the model (under the run's seed, identical on every
     process), the optimiser and the schedule. Raises ValueError (unwritable folder, missing split, batch size
@@ -140,7 +157,8 @@ def build_run(spec: RunSpec, options: RunOptions) -> Run:
     name, differences = run_identity(spec)
     results_dir = checkpoints.writable_folder(absolute_path(options.results_dir), "results_dir")
     checkpoint_dir = checkpoints.writable_folder(_checkpoint_folder(spec, options), "checkpoint_dir")
-    splits, vocab_size, n_classes = spec.load_splits(options.data_dir)
+    with datasets_progress(options.progress is not False and rank == 0):  # hkt-train --no-progress: no bars at all
+        splits, vocab_size, n_classes = spec.load_splits(options.data_dir)
     seq_len = get_task(spec.task).seq_len_for(train_config.task_options)  # the T of the run's data options
     model_config = build_config(spec.task, spec.model, spec.preset, vocab_size, n_classes, seq_len,
                                 **(spec.model_overrides or {}))
