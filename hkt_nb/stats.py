@@ -457,7 +457,8 @@ def seed_level_verdict(differences: dict,  # {seed: acc(A) - acc(B)} over the se
                        seeds: tuple = FRESH_SEEDS,  # the seeds that decide (rule 7: the fresh seeds 3-9)
                        ) -> dict:
     """Rule 7 (`VERDICT_RULES`): `verdict` is 'A better than B', 'B better than A' or 'undecided' from
-    `seed_level_test` on `seeds` alone, 'not yet run (k of 7 seeds)' until every seed has both models, and
+    `seed_level_test` on `seeds` alone, 'not yet run (0 of 7 seeds)' before any seed has both models, 'incomplete
+    (k of 7 seeds)' until every seed has them, and
     'excluded (...)' when `learned` is False; `test` holds that test (None until complete) and `all_seeds` the same
     test on every seed of `differences`, reported beside it (None without any)."""
     a, b = models
@@ -465,7 +466,8 @@ def seed_level_verdict(differences: dict,  # {seed: acc(A) - acc(B)} over the se
     out = {"models": (a, b), "seeds": tuple(seeds), "test": None,
            "all_seeds": seed_level_test([differences[s] for s in sorted(differences)]) if differences else None}
     if len(have) < len(seeds):
-        return {**out, "verdict": f"not yet run ({len(have)} of {len(seeds)} seeds)"}
+        state = "incomplete" if have else "not yet run"  # k of 7 trained: shown, not decided
+        return {**out, "verdict": f"{state} ({len(have)} of {len(seeds)} seeds)"}
     test = seed_level_test([differences[s] for s in seeds])
     if not learned:
         return {**out, "test": test, "verdict": "excluded (a run of these seeds did not learn the task, rule 5)"}

@@ -87,6 +87,10 @@ def is_plumbing_statement(node: ast.stmt) -> bool:
         caught = {getattr(h.type, "id", getattr(h.type, "attr", None)) for h in node.handlers}
         return (bool(node.handlers) and caught <= {"ImportError", "ModuleNotFoundError"} and not node.finalbody
                 and all(isinstance(n, (ast.Import, ast.ImportFrom)) for n in node.body + node.orelse))
+    if isinstance(node, ast.With):  # `with warnings.catch_warnings(): <filters and imports>`: a quiet import
+        quiet = all(getattr(getattr(item.context_expr, "func", None), "attr", None) == "catch_warnings"
+                    for item in node.items)
+        return quiet and all(is_plumbing_statement(n) for n in node.body)
     if isinstance(node, (ast.Assign, ast.AnnAssign)):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         return all(isinstance(t, ast.Name) and t.id in EXPORTED_NAMES for t in targets)

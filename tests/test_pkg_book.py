@@ -150,6 +150,9 @@ def plumbing(build_book, source: str, tags=()):
     ("#| exports\nx = 1", [], True),
     ("_all_ = ['f']\nprint(_all_)", [], True),
     ("!pip install hkt_nb", [], True),  # not Python: left as it is
+    ("import warnings\n\nwith warnings.catch_warnings():\n    warnings.simplefilter('ignore')\n    from tqdm.auto import tqdm",
+     [], False),  # a quiet import
+    ("import warnings\n\nwith warnings.catch_warnings():\n    x = risky()", [], True),  # code under a filter is code
 ])
 def test_plumbing_cells_are_hidden_and_the_rest_shown(build_book, source, tags, shown):
     (code, found), = plumbing(build_book, source, tags)
@@ -185,13 +188,14 @@ def test_split_cells_keep_unique_ids(build_book):
 
 
 PLUMBING_LINE = re.compile(r"^\s*($|#|(from\s+[\w.]+\s+)?import\s|try:|except\s*\(?(ImportError|ModuleNotFoundError)\b"
-                           r"|def show_doc\(|(_all_|__all__)\s*=|(pd|pandas)\.set_option\(|warnings\.(filterwarnings|simplefilter)\()")
+                           r"|def show_doc\(|(_all_|__all__)\s*=|(pd|pandas)\.set_option\(|warnings\.(filterwarnings|simplefilter)\("
+                           r"|with warnings\.catch_warnings\(\):)")
 
 
 def looks_like_plumbing(source: str) -> bool:
     """An independent, line-by-line reading of the rule: the install cell, parameter checks, or a cell whose every
     line is an import (or a line inside its parentheses), an import guard with the show_doc fallback, `_all_`, a
-    display option, a comment or blank."""
+    display option, an import under `warnings.catch_warnings()`, a comment or blank."""
     if "Written by scripts/install_cell.py" in source or source.startswith("# validate the parameters"):
         return True
     depth, handler, code = 0, None, False

@@ -117,6 +117,8 @@ for (const display of document.querySelectorAll('mjx-container[display="true"]')
 }
 return {
   rawtex: text.match(/\\$[^$\\n]{0,80}?(?:\\\\[a-zA-Z]+|\\^\\{|_\\{)[^$\\n]{0,80}?\\$/g) || [],
+  // an opening $ whose maths was cut off (e.g. by a Markdown list item that starts inside it): "$M_l = \\\\tfrac12(..."
+  unclosed: text.match(/\\$[^$\\s][^$\\n]{0,60}?\\\\[a-zA-Z]{2,}/g) || [],
   attributes: text.match(/\\{target=/g) || [],
   clipped: clipped,
   maths: maths.length,
@@ -158,6 +160,7 @@ def test_book_page_in_chromium(browser, page, settings):
     assert found["errors"] == [], f"MathJax errors on {page}"
     assert found["raw"] == [], f"raw TeX left in the text of {page}: {found['raw']}"
     assert found["rawtex"] == [], f"maths left as raw $...$ TeX on {page}: {found['rawtex'][:5]}"
+    assert found["unclosed"] == [], f"maths cut off, left as raw TeX after a $ on {page}: {found['unclosed'][:5]}"
     assert found["attributes"] == [], f"raw show_doc attribute text {{target=...}} on {page}"
     assert found["clipped"] == [], f"display maths wider than its box, with no scrollbar, on {page}: {found['clipped']}"
     broken = [image["src"] for image in found["images"] if not image["ok"]]

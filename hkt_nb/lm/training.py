@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import time
+import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable
@@ -16,7 +17,6 @@ from typing import Callable
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from .._checks import check_float, check_int
 from ..model import no_weight_decay
@@ -25,6 +25,10 @@ from ..train.optim import lr_factor
 from .data import as_tensor, eval_windows, lm_loss, random_batch, sequence_bits_per_byte
 from .generation import generate
 from .model import ByteLM, LMConfig, count_lm_parameters
+
+with warnings.catch_warnings():  # a kernel without ipywidgets: tqdm.auto falls back to text bars, and says so on import
+    warnings.simplefilter("ignore")
+    from tqdm.auto import tqdm
 
 # %% auto #0
 __all__ = ['RECORD_VERSION', 'TIMING_FIELDS', 'configure_optimizer', 'LMTrainConfig', 'lr_at', 'train_lm', 'without_timing',

@@ -45,12 +45,15 @@ def _shown(model: str) -> str:
 def verdict_word(counted: str,  # a counted verdict (`results_summary`'s `counted`, `seed_level_verdict`'s `verdict`)
                  models: tuple,  # (A, B)
                  ) -> str:
-    "'A better' or 'B better' (HKT, MHA in capitals), 'not learned' (excluded by rule 5), 'not run', else 'undecided'."
+    """'A better' or 'B better' (HKT, MHA in capitals), 'not learned' (excluded by rule 5), 'not run', 'incomplete'
+    (rule 7 with some of its fresh seeds run), else 'undecided'."""
     for winner in models:
         if counted.startswith(f"{winner} better than"):
             return f"{_shown(winner)} better"
     if counted.startswith("excluded"):
         return "not learned"
+    if counted.startswith("incomplete"):
+        return "incomplete"
     return "not run" if counted.startswith("not yet run") else "undecided"
 
 
@@ -323,7 +326,7 @@ def _named(tasks) -> str:
 
 
 def _setting(s: dict, t: str) -> str:
-    "Where a preset sets options: 'ListOps (setting `short`, T = 128, not the paper's `paper` at T = 512: ...)'."
+    "Where a preset sets options: 'ListOps (setting `short`, T = 128, not the paper's setting (`paper`, T = 512): ...)'."
     from hkt_nb.lra.tasks import get_task
 
     options, T = s["settings"][t]
@@ -331,7 +334,7 @@ def _setting(s: dict, t: str) -> str:
         return _named([t])
     task = get_task(t)  # its default options are the paper's setting
     differs = "" if {**task.options, **options} == task.options else (
-        f", not the paper's {', '.join(f'`{v}`' for v in task.options.values())} at T = {task.seq_len_for()}: "
+        f", not the paper's setting ({', '.join(f'`{v}`' for v in task.options.values())}, T = {task.seq_len_for()}): "
         "chapter 4a compares the two")
     return _named([t]) + f" (setting {', '.join(f'`{v}`' for v in options.values())}, T = {T}{differs})"
 

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -19,7 +20,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DistributedSampler
-from tqdm.auto import tqdm
 
 import hkt_nb
 from hkt_nb.lra.config import (
@@ -42,6 +42,10 @@ from ..train import checkpoints, distributed, records  # the training core (hkt_
 from ..train.optim import build_optimizer
 from .benchmarks import absolute_path, make_dataloader
 from .tasks import get_task
+
+with warnings.catch_warnings():  # a kernel without ipywidgets: tqdm.auto falls back to text bars, and says so on import
+    warnings.simplefilter("ignore")
+    from tqdm.auto import tqdm
 
 # %% auto #0
 __all__ = ['train', 'Run', 'datasets_progress', 'build_run', 'train_one_epoch', 'evaluate', 'validate', 'finish', 'make_loaders',

@@ -204,7 +204,7 @@ def committed_results_dir(*patterns: str,  # what the chapter reads, as globs re
     marker = folder / FETCHED_MARKER
     absent = set(json.loads(marker.read_text()).get("absent", [])) if marker.is_file() else set()
     listed = ()
-    if variants and fetch(VARIANTS_INDEX) is not None:
+    if variants and fetch(VARIANTS_INDEX):  # a path; None or False when it could not be had
         listed = json.loads(index.read_text())["runs"]
     names = committed_names(*patterns, variants=listed)
     missing = [name for name in names if not (folder / name).is_file() and name not in absent]
