@@ -517,7 +517,7 @@ def test_each_task_is_summarised_at_the_largest_preset_where_its_grid_is_complet
     assert counted[("hkt", "mha")] == "hkt better than mha"  # 200 of 1,000 examples only hkt gets right, each seed
     assert summary_markdown(listops).startswith("**At preset `cpu`**, on listops (scored on 1,000 test examples")
     text = established_sentences(tmp_path)
-    assert ("at the small `cpu` scale on ListOps (setting `short`, T = 128, not the paper's `paper` at T = 512: chapter "
+    assert ("at the small `cpu` scale on ListOps (setting `short`, T = 128, not the paper's setting (`paper`, T = 512): chapter "
             "4a compares the two), every model beats the trivial baselines and "
             "on each of 3 seeds the trained hkt network was more accurate than the trained mha network (comparing the "
             "whole HKT package") in text
