@@ -350,16 +350,18 @@ def _pending(status: dict, shown: str, s: dict, ts: list) -> str:
             f"; {whose} `{larger}` grid has {done} of its {total} runs finished")
 
 
-def _decided_clauses(s: dict, tasks: list, decided: list, variants: dict) -> tuple:
-    "(found, missing) clauses of `established_sentences` for the decided comparisons of one summary `s`."
+def _decided_clauses(s: dict, tasks: list, decided: list, variants: dict, settled=frozenset()) -> tuple:
+    """(found, missing) clauses of `established_sentences` for the decided comparisons of one summary `s`; a pair in
+    `settled` ((task, preset, (A, B)) that rule 7 decides) is not listed as undecided beyond these seeds."""
     where = "; ".join(_setting(s, t) for t in tasks)
     found = (f"at the small `{s['preset']}` scale on {where}, every model beats the trivial baselines and "
              + "; ".join(f"on each of {r['replicates']['n']} seeds the trained {r['models'][0]} network was "
                          f"more accurate than the trained {r['models'][1]} network"
                          + (f" on {_named([r['task']])}" if len(tasks) > 1 else "")
                          + f" (comparing {r['compared']})" for r in decided))
+    open_ = [r for r in decided if (r["task"], s["preset"], tuple(r["models"])) not in settled]
     missing = ["whether " + " or ".join(f"{r['models'][0]} beats {r['models'][1]} as an architecture beyond "
-                                        "these seeds (the seeds as replicates do not decide it)" for r in decided)]
+                                        "these seeds (the seeds as replicates do not decide it)" for r in open_)] if open_ else []
     earlier = {(g["task"], row["models"]): row["rule"] for g in variants.get(s["preset"], [])
                for row in g["rows"]}  # the same comparisons on a grid of a size the preset no longer trains
     unrepeated = [r for r in decided if (r["task"], r["models"]) in earlier
@@ -371,8 +373,9 @@ def _decided_clauses(s: dict, tasks: list, decided: list, variants: dict) -> tup
     return found, missing
 
 
-def _summary_clauses(s: dict, status: dict, shown: str, cpu_pilot: dict, variants: dict) -> tuple:
-    "(found, missing): the clauses of `established_sentences` for one summary `s` (`results_summary`) at its preset."
+def _summary_clauses(s: dict, status: dict, shown: str, cpu_pilot: dict, variants: dict, settled=frozenset()) -> tuple:
+    """(found, missing): the clauses of `established_sentences` for one summary `s` (`results_summary`) at its preset;
+    `settled` as for `_decided_clauses`."""
     found, missing = [], []
     tasks = [t for t in s["tasks"] if any(st["accuracies"] for (task, _), st in s["learned"].items()
                                           if task == t)]  # the tasks with finished runs
@@ -390,7 +393,7 @@ def _summary_clauses(s: dict, status: dict, shown: str, cpu_pilot: dict, variant
                and all(st["learned"] for (task, _), st in s["learned"].items() if task == t)]
     decided = [r for r in s["rows"] if not r["counted"].startswith(("inconclusive", "excluded", "not yet run"))]
     if decided:
-        more_found, more_missing = _decided_clauses(s, tasks, decided, variants)
+        more_found, more_missing = _decided_clauses(s, tasks, decided, variants, settled)
         found.append(more_found)
         missing += more_missing
     elif len(learned) == len(tasks):
@@ -407,12 +410,13 @@ def _summary_clauses(s: dict, status: dict, shown: str, cpu_pilot: dict, variant
     return found, missing
 
 
-def _rule7_clauses(results_dir) -> list:
-    "The `established_sentences` clauses of rule 7: each comparison it decides, on the fresh seeds, in words."
+def _rule7_clauses(results_dir, states=None) -> list:
+    """The `established_sentences` clauses of rule 7: each comparison it decides, on the fresh seeds, in words
+    (`states`: `_seed_level_states(results_dir)`, when already computed)."""
     from hkt_nb.lra.tasks import get_task
 
     clauses = []
-    for task, preset, _, state in _seed_level_states(results_dir):
+    for task, preset, _, state in _seed_level_states(results_dir) if states is None else states:
         if state["test"] is not None and " better than " in state["verdict"]:
             clauses.append(f"on {get_task(task).title or task} at the small `{preset}` scale, rule 7 decides "
                            f"{state['verdict']} beyond the luck of training, on the {state['test']['n']} fresh "
@@ -438,9 +442,12 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
         return (f"No `{summaries[0]['preset']}` runs are on disk here, so nothing about accuracy is established on "
                 "this page; the layer, its cost and the theory chapters' properties are proved or measured where they "
                 "are stated.")
+    states = _seed_level_states(results_dir)  # rule 7, read once: what it decides is not "undecided" below
+    settled = {(task, preset, tuple(pair)) for task, preset, pair, state in states
+               if state["test"] is not None and " better than " in state["verdict"]}
     found, missing = [], []
     for s in summaries:
-        more_found, more_missing = _summary_clauses(s, status, shown, cpu_pilot, variants)
+        more_found, more_missing = _summary_clauses(s, status, shown, cpu_pilot, variants, settled)
         found, missing = found + more_found, missing + more_missing
     if not found and not missing:
         return ("No finished runs are on disk here, so nothing about accuracy is established on this page; the "
@@ -452,7 +459,7 @@ def established_sentences(results_dir=None,  # default: `default_results_dir()` 
                        "size the preset no longer trains and seen before its present size was chosen ("
                        + (f"under rules 1-4: {_listed(decided)}" if decided else "no comparison decided under rules 1-4")
                        + "; not counted, shown in chapter 9)")
-    found += _rule7_clauses(results_dir)
+    found += _rule7_clauses(results_dir, states)
     first = ("Established: the layer is implemented and tested as the book derives it; "
              + ("; ".join(found) if found else "no comparison between the models is decided") + ".")
     second = ("Not established: whether HKT beats standard attention at the paper's scale, which needs a GPU and has "
