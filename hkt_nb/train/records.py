@@ -71,14 +71,11 @@ def save_predictions(path: Path, predictions: np.ndarray, labels: np.ndarray) ->
 
 # %% ../../nbs/05e_records.ipynb #60f3940b
 def file_sha256(path: str | os.PathLike) -> str:
-    "The SHA-256 of the file at `path`, as 64 hex digits (read in blocks of 1 MiB). Raises OSError when unreadable."
-    import hashlib
+    """The SHA-256 of the file at `path`, as 64 hex digits: the same digest `save_pretrained` records for its weights
+    (chapter 3a). Raises OSError when unreadable."""
+    from hkt_nb.pretrained import _sha256
 
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return _sha256(Path(path))
 
 
 def replacing_marker(record_path: str | os.PathLike) -> Path:
