@@ -433,24 +433,27 @@ def test_results_summary_of_the_committed_runs():
 
 
 @pytest.mark.parametrize("preset", ["cpu", "cpu_small"])
-def test_fetch_committed_results_gives_the_summary_of_the_repository(tmp_path, monkeypatch, preset):
+def test_committed_results_dir_gives_the_summary_of_the_repository(tmp_path, monkeypatch, preset):
     "Chapter 9 opened alone: fetching by address into an empty folder gives the summary of the full results/."
     import shutil
 
     from hkt_nb.lra.baselines import load_baselines
-    from hkt_nb.lra.results import fetch_committed_results, load_runs, results_summary
+    from hkt_nb.lra.headline import HEADLINE_RECORDS
+    from hkt_nb.lra.results import committed_results_dir, load_runs, results_summary
 
     if not load_runs(RESULTS, preset) or not load_baselines(RESULTS, preset):
         pytest.skip(f"no committed {preset} runs or baselines")
     repository = tmp_path / "repository"  # the committed records, as the address serves them
     shutil.copytree(RESULTS, repository, ignore=shutil.ignore_patterns("checkpoints", "pretrained", "logs", "chapters"))
     monkeypatch.setenv("HKT_NB_RECORDS", repository.as_uri())  # a file:// address: fetch_record downloads it
-    alone = tmp_path / "alone"
-    fetched = fetch_committed_results(alone, preset)
+    alone = committed_results_dir(*HEADLINE_RECORDS, results_dir=tmp_path / "alone")
+    fetched = sorted(p for p in alone.rglob("*") if p.is_file())
     assert {p.name for p in fetched} >= {f"{t}-{preset}.json" for t in load_baselines(RESULTS, preset)}
     assert load_baselines(alone, preset) == load_baselines(RESULTS, preset) != {}
     assert results_summary(alone, preset) == results_summary(RESULTS, preset)
-    assert fetch_committed_results(alone, preset) == fetched  # a second call keeps what is there
+    shutil.rmtree(repository)  # a second call keeps what is there and asks for nothing it has
+    assert committed_results_dir(*HEADLINE_RECORDS, results_dir=alone) == alone
+    assert sorted(p for p in alone.rglob("*") if p.is_file()) == fetched
 
 
 def test_fetch_and_summary_of_a_preset_not_run_yet(tmp_path, monkeypatch):
@@ -458,7 +461,8 @@ def test_fetch_and_summary_of_a_preset_not_run_yet(tmp_path, monkeypatch):
     gets only what the repository has, and the summary says the baselines are not computed yet, without failing."""
     import shutil
 
-    from hkt_nb.lra.results import fetch_committed_results, results_summary, summary_markdown
+    from hkt_nb.lra.headline import HEADLINE_RECORDS
+    from hkt_nb.lra.results import committed_results_dir, results_summary, summary_markdown
 
     repository = tmp_path / "repository"
     (repository / "baselines").mkdir(parents=True)
@@ -466,8 +470,8 @@ def test_fetch_and_summary_of_a_preset_not_run_yet(tmp_path, monkeypatch):
         if json.loads(path.read_text()).get("preset") != "cpu":
             shutil.copy(path, repository / path.name)
     monkeypatch.setenv("HKT_NB_RECORDS", repository.as_uri())
-    alone = tmp_path / "alone"
-    assert fetch_committed_results(alone, "cpu") == []
+    alone = committed_results_dir(*HEADLINE_RECORDS, results_dir=tmp_path / "alone")
+    assert not [p for p in alone.glob("*-cpu-seed*.json")] and not [p for p in alone.glob("baselines/*.json")]
     summary = results_summary(alone, "cpu")
     assert summary["baselines"] == {} and not any(r["n_test"] for r in summary["rows"])
     text = summary_markdown(summary)

@@ -4,11 +4,11 @@
 
 # %% auto #0
 __all__ = ['EXPECTED_MODELS', 'PAIRS', 'PAPER_REPORTED', 'SEED_LEVEL_SETTINGS', 'VARIANTS_INDEX', 'FETCHED_MARKER',
-           'WHAT_IS_COMPARED', 'PRESET_ORDER', 'fetch_committed_results', 'committed_names', 'committed_results_dir',
-           'run_name', 'load_runs', 'load_predictions', 'copy_finished_runs', 'compare_on_seed', 'seed_summary',
-           'learned_the_task', 'against_baseline', 'pilot_exclusions', 'pooled_comparison', 'unseen_comparison',
-           'grid_status', 'complete_tasks', 'choose_preset', 'task_scales', 'results_summary', 'summary_markdown',
-           'run_grid', 'variant_grids']
+           'WHAT_IS_COMPARED', 'PRESET_ORDER', 'committed_names', 'committed_results_dir', 'run_name', 'load_runs',
+           'load_predictions', 'copy_finished_runs', 'compare_on_seed', 'seed_summary', 'learned_the_task',
+           'against_baseline', 'pilot_exclusions', 'pooled_comparison', 'unseen_comparison', 'grid_status',
+           'complete_tasks', 'choose_preset', 'task_scales', 'results_summary', 'summary_markdown', 'run_grid',
+           'variant_grids']
 
 # %% ../../nbs/09_results.ipynb #87d7b9c2
 import shutil
@@ -42,48 +42,6 @@ PAPER_REPORTED = TaskTable("paper", benchmarks_only=True)  # {task: {model: (mea
 # SEEDS (0, 1, 2): the seeds of the cpu and paper presets and of every comparison (`hkt_nb.lra.tasks.SEEDS`)
 SEED_LEVEL_SETTINGS = (("listops", "cpu"),)  # (task, preset) where rule 7's fresh seeds 3-9 are trained (chapter 9a)
 
-
-# %% ../../nbs/09_results.ipynb #5d3e9a41
-def fetch_committed_results(results_dir,  # the folder to fill (created when missing)
-                            preset: str = "cpu",  # the preset whose committed runs are fetched
-                            ) -> list:
-    """Fill `results_dir` with what this chapter reads, as committed at this book's version (a chapter opened alone,
-    e.g. on Colab): every expected run's predictions and record (`EXPECTED_MODELS` x `SEEDS`, and rule 7's fresh seeds
-    `FRESH_SEEDS` where `SEED_LEVEL_SETTINGS` trains them; the record last: it marks the run finished), each task's trivial baselines `baselines/<task>-<preset>.json` with the strongest one's
-    test predictions (chapter 4d), and for `cpu` the pilot's records and baselines under `pilot/` (chapter 5g), by
-    `fetch_record` (chapter 5: from `$HKT_NB_RECORDS`, else the repository's address). Files already there are
-    kept; a file the repository does not have, or an address that cannot be reached, is skipped (the run is then
-    "not yet run", the task has no baselines). Returns the paths of the records, baseline and pilot files now present.
-    Raises RuntimeError (`records_url`) when no address is known."""
-    import json
-
-    from hkt_nb.train.workspace import fetch_record
-
-    def fetch(name):
-        try:
-            return fetch_record(name, results_dir)
-        except FileNotFoundError:
-            return None  # not committed (yet), or unreachable
-
-    present = []
-    for task, models in EXPECTED_MODELS.items():
-        for model in models:
-            for seed in (*SEEDS, *(FRESH_SEEDS if (task, preset) in SEED_LEVEL_SETTINGS else ())):
-                run = f"{task}-{model}-{preset}-seed{seed}"  # `run_name`
-                fetch(f"predictions/{run}.npz")
-                present.append(fetch(f"{run}.json"))
-        saved = fetch(f"baselines/{task}-{preset}.json")  # `baseline_path` (chapter 4d)
-        present.append(saved)
-        if saved is not None:  # the strongest baseline's test predictions (`baseline_predictions_path`, chapter 4d)
-            strongest = json.loads(Path(saved).read_text())["strongest"]
-            fetch(f"baselines/predictions/{task}-{preset}-{strongest}.npz")
-    if preset == "cpu":  # the pilot that sized the preset (chapter 5g): `pilot_exclusions` reads it
-        from hkt_nb.lra.pilot import PILOT_CANDIDATES, PILOT_MODELS
-
-        for candidate in PILOT_CANDIDATES:
-            present += [fetch(f"pilot/{candidate}-{model}.json") for model in PILOT_MODELS]
-            present.append(fetch(f"pilot/baselines-{candidate}.json"))
-    return [path for path in present if path is not None]
 
 # %% ../../nbs/09_results.ipynb #c0a1b2d4
 VARIANTS_INDEX = "variants.json"  # results/variants.json, {"runs": the committed variant runs} (scripts/migrations/supersede_runs.py)
